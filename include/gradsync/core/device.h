@@ -1,0 +1,34 @@
+// gradsync/core/device.h - where a tensor's memory lives: the host, or one CUDA device.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace gradsync {
+
+enum class DeviceType { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;  // CUDA ordinal; always 0 for cpu
+
+  static Device cpu() { return {DeviceType::cpu, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  // Parses "cpu", "cuda" or "cuda:N"; throws gradsync::Error naming the text otherwise.
+  static Device parse(std::string_view text);
+
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  std::string str() const;  // "cpu" or "cuda:N"
+
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+// True when this build of gradsync was compiled with CUDA support.
+bool cuda_compiled();
+// Number of usable CUDA devices: 0 when CUDA is not compiled in, no driver is present, or no
+// device is visible. Never throws; cuda_unavailable_reason() says why the count is 0.
+int cuda_device_count();
+std::string cuda_unavailable_reason();
+
+}  // namespace gradsync

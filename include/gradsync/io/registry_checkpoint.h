@@ -1,0 +1,44 @@
+// gradsync/io/registry_checkpoint.h - save and load a whole ParameterRegistry.
+//
+// A checkpoint is one safetensors file: each parameter's value under its own name and,
+// optionally, each *defined* gradient under "<name>.grad" (undefined gradients are simply
+// absent, so the defined/undefined distinction survives a round trip). Files written by
+// PyTorch (torch's safetensors.save_file of a state_dict) load directly when names match.
+//
+// Loading checks every parameter's name, shape and dtype against the registry first and
+// reports every difference in one error; then it reads all data into staging buffers; only
+// when all of that succeeded does it copy into the registry. A bad file leaves the registry
+// exactly as it was.
+#pragma once
+
+#include <filesystem>
+
+#include "gradsync/io/safetensors.h"
+#include "gradsync/registry/parameter_registry.h"
+
+namespace gradsync::io {
+
+struct RegistrySaveOptions {
+  bool include_grads = false;
+  Metadata metadata;  // stored in the header's __metadata__
+};
+
+struct RegistryLoadOptions {
+  // Load "<name>.grad" entries too: present ones become defined gradients, absent ones
+  // leave the gradient undefined.
+  bool load_grads = false;
+  // Tolerate tensors in the file that belong to no parameter (e.g. optimizer state saved
+  // in the same file). Off by default: an unexpected tensor is reported as a difference.
+  bool allow_extra_tensors = false;
+};
+
+std::string grad_key(const std::string& parameter_name);
+
+void save_registry(const ParameterRegistry& registry, const std::filesystem::path& path,
+                   const RegistrySaveOptions& options = {});
+
+// Returns the file's metadata.
+Metadata load_registry(ParameterRegistry& registry, const std::filesystem::path& path,
+                       const RegistryLoadOptions& options = {});
+
+}  // namespace gradsync::io

@@ -1,0 +1,74 @@
+// gradsync/io/safetensors.h - named tensors in the safetensors file format.
+//
+// The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header
+// length N, then N bytes of JSON mapping each tensor name to {"dtype", "shape",
+// "data_offsets": [begin, end]} plus an optional "__metadata__" string-to-string map, then
+// the raw little-endian tensor bytes. Offsets are relative to the end of the header.
+//
+// Writing follows the reference library's layout (tensors ordered by element size, then
+// name; header padded with spaces to a multiple of 8, so every tensor is aligned to its
+// element size), and so files we write load in the reference library and in PyTorch.
+// Writing is atomic: a temporary file in the same folder is written, flushed, fsync'ed and
+// renamed over the target, so a failed save never damages the previous file.
+//
+// Reading validates the whole header before any data is used, and rejects every malformed
+// or hostile file with an Error naming the file and the problem: truncated files, a header
+// length past the end, bad JSON, unknown dtypes, shape/size mismatches, offsets out of
+// range, overlapping or leaving holes (the reference library rejects holes too).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradsync/core/tensor.h"
+
+namespace gradsync::io {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;  // any device; device tensors are copied to the host for writing
+};
+
+// Writes `tensors` (unique, non-empty names; "__metadata__" is reserved) and `metadata`.
+void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
+                      const Metadata& metadata = {});
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::size_t data_begin;  // byte offsets relative to the start of the data section
+  std::size_t data_end;
+};
+
+// Opens a file and validates its header. Tensor data is read on demand.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::filesystem::path path);
+
+  const std::filesystem::path& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
+  const TensorInfo* find(std::string_view name) const;
+
+  // Reads one tensor into a new CPU tensor; throws naming it if absent.
+  Tensor read(std::string_view name) const;
+  // Reads every tensor.
+  std::vector<NamedTensor> read_all() const;
+
+  // The largest header we accept, as the reference library does (100 MB).
+  static constexpr std::size_t kMaxHeaderBytes = 100'000'000;
+
+ private:
+  std::filesystem::path path_;
+  std::size_t data_start_ = 0;  // 8 + header length
+  Metadata metadata_;
+  std::vector<TensorInfo> tensors_;
+};
+
+}  // namespace gradsync::io

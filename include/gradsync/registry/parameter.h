@@ -1,0 +1,79 @@
+// gradsync/registry/parameter.h - one named parameter: a view into its registry's arenas.
+//
+// A Parameter is created by ParameterRegistry::add() and lives as long as the registry. Its
+// value and gradient are views into the flat arenas, available once the registry is
+// finalized. The gradient is either *defined* or *undefined* (PyTorch's None); that is a
+// semantic difference, not a zero: optimizers skip undefined gradients, and DDP leaves
+// globally unused parameters undefined.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "gradsync/core/tensor.h"
+
+namespace gradsync {
+
+class ParameterRegistry;
+
+class Parameter {
+ public:
+  const std::string& name() const { return name_; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool requires_grad() const { return requires_grad_; }
+  std::size_t index() const { return index_; }  // registration order, identical on every rank
+
+  // Where the parameter lives: which arena, and its element offset in it.
+  std::size_t arena_index() const { return arena_index_; }
+  std::size_t arena_offset() const { return arena_offset_; }
+
+  // The value, for reading and writing (initialization, optimizer updates).
+  const Tensor& value() const;
+
+  // The gradient buffer, for reading. Check grad_defined() before trusting its contents.
+  const Tensor& grad() const;
+  bool grad_defined() const { return grad_defined_; }
+
+  // Gradient writes. Each marks the gradient defined.
+  //  * set_grad copies `gradient` in (any device, same dtype and element count).
+  //  * accumulate_grad adds it, or copies it when the gradient was undefined.
+  //  * grad_for_overwrite returns the buffer for the engine to write every element itself.
+  //  * grad_for_accumulate returns the buffer for the engine to add into; an undefined
+  //    gradient is zero-filled first, so accumulation always starts from zero.
+  // On a frozen parameter (requires_grad false) each of them is an error naming it.
+  void set_grad(const Tensor& gradient);
+  void accumulate_grad(const Tensor& gradient);
+  Tensor& grad_for_overwrite();
+  Tensor& grad_for_accumulate();
+
+  // Sets the gradient to zero (defined) or back to undefined.
+  void zero_grad(bool set_to_undefined = true);
+
+  // Marks the gradient defined without touching it: for the reduction engine, which writes
+  // results into the buffer itself.
+  void mark_grad_defined();
+
+ private:
+  friend class ParameterRegistry;
+  Parameter(std::string name, Shape shape, DType dtype, Device device, bool requires_grad, std::size_t index);
+  void require_finalized(const char* what) const;
+  void require_trainable(const char* what) const;
+
+  std::string name_;
+  Shape shape_;
+  std::int64_t numel_;
+  DType dtype_;
+  Device device_;
+  bool requires_grad_;
+  std::size_t index_;
+  std::size_t arena_index_ = 0;
+  std::size_t arena_offset_ = 0;
+  Tensor value_;
+  Tensor grad_;
+  bool grad_defined_ = false;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,169 @@
+#include "gradsync/core/device.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "gradsync/config.h"
+#include "gradsync/core/error.h"
+#include "device_memory.h"
+
+#if GRADSYNC_WITH_CUDA
+#include "cuda_check.h"
+#endif
+
+namespace gradsync {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    const std::string_view digits = text.substr(5);
+    int index = -1;
+    const auto [end, status] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (status == std::errc() && end == digits.data() + digits.size() && index >= 0) return cuda(index);
+  }
+  detail::throw_error("cannot parse device '", text, "': expected cpu, cuda or cuda:N");
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+bool cuda_compiled() { return GRADSYNC_WITH_CUDA != 0; }
+
+namespace {
+// Every host allocation is 256-byte aligned: vector loads and cache lines never straddle the
+// start of a buffer, and it is what cudaMalloc guarantees on the device side.
+void* host_allocate(std::size_t nbytes) {
+  constexpr std::size_t kAlignment = 256;
+  const std::size_t rounded = std::max<std::size_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  GRADSYNC_CHECK(data != nullptr, "out of host memory allocating ", nbytes, " bytes");
+  return data;
+}
+}  // namespace
+
+#if GRADSYNC_WITH_CUDA
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: ") + cudaGetErrorString(status);
+  }
+  if (count == 0) return "no CUDA device is visible";
+  return "";
+}
+
+namespace detail {
+
+namespace {
+// Makes `device` current for the lifetime of the guard and restores the previous one.
+class CurrentDeviceGuard {
+ public:
+  explicit CurrentDeviceGuard(Device device) {
+    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
+    switched_ = previous_ != device.index;
+  }
+  ~CurrentDeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+}  // namespace
+
+void* device_allocate(std::size_t nbytes, Device device) {
+  if (device.is_cpu()) return host_allocate(nbytes);
+  CurrentDeviceGuard guard(device);
+  void* data = nullptr;
+  const cudaError_t status = cudaMalloc(&data, nbytes == 0 ? 1 : nbytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_error("cudaMalloc of ", nbytes, " bytes on ", device.str(), " failed: ", cudaGetErrorString(status));
+  }
+  return data;
+}
+
+void device_free(void* data, Device device) noexcept {
+  if (device.is_cpu()) {
+    std::free(data);
+  } else {
+    cudaFree(data);  // a failure here (driver shutting down) must not throw from a destructor
+  }
+}
+
+void device_memset_zero(void* data, std::size_t nbytes, Device device) {
+  if (device.is_cpu()) {
+    std::memset(data, 0, nbytes);
+    return;
+  }
+  CurrentDeviceGuard guard(device);
+  GRADSYNC_CUDA_CHECK(cudaMemset(data, 0, nbytes));
+}
+
+void device_copy(void* destination, Device destination_device, const void* source, Device source_device,
+                 std::size_t nbytes) {
+  if (nbytes == 0) return;
+  if (destination_device.is_cpu() && source_device.is_cpu()) {
+    std::memcpy(destination, source, nbytes);
+    return;
+  }
+  // Unified addressing lets cudaMemcpyDefault work out the direction from the pointers.
+  CurrentDeviceGuard guard(destination_device.is_cuda() ? destination_device : source_device);
+  GRADSYNC_CUDA_CHECK(cudaMemcpy(destination, source, nbytes, cudaMemcpyDefault));
+}
+
+}  // namespace detail
+
+#else  // built without CUDA
+
+int cuda_device_count() { return 0; }
+
+std::string cuda_unavailable_reason() { return "gradsync was built without CUDA (meson option -Dcuda)"; }
+
+namespace detail {
+
+namespace {
+[[noreturn]] void no_cuda(Device device) {
+  throw_error("device ", device.str(), " requested, but gradsync was built without CUDA (reconfigure with -Dcuda=enabled)");
+}
+}  // namespace
+
+void* device_allocate(std::size_t nbytes, Device device) {
+  if (device.is_cuda()) no_cuda(device);
+  return host_allocate(nbytes);
+}
+
+void device_free(void* data, Device) noexcept { std::free(data); }
+
+void device_memset_zero(void* data, std::size_t nbytes, Device device) {
+  if (device.is_cuda()) no_cuda(device);
+  std::memset(data, 0, nbytes);
+}
+
+void device_copy(void* destination, Device destination_device, const void* source, Device source_device,
+                 std::size_t nbytes) {
+  if (destination_device.is_cuda()) no_cuda(destination_device);
+  if (source_device.is_cuda()) no_cuda(source_device);
+  if (nbytes != 0) std::memcpy(destination, source, nbytes);
+}
+
+}  // namespace detail
+
+#endif
+
+}  // namespace gradsync

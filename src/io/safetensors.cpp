@@ -1,0 +1,300 @@
+#include "gradsync/io/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace gradsync::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors stores little-endian data; gradsync reads and writes it without byte swaps");
+
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// ---------------------------------------------------------------------------------------------
+// Atomic writing: everything goes to a temporary file beside the target; only a complete,
+// flushed file is renamed over it. Any failure removes the temporary and throws.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(const fs::path& target) : target_(target) {
+    static std::atomic<unsigned> counter{0};
+    temporary_ = target_;
+    temporary_ += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    descriptor_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    GRADSYNC_CHECK(descriptor_ >= 0, "cannot save '", target_.string(), "': creating temporary file '",
+                   temporary_.string(), "' failed: ", errno_text());
+  }
+
+  ~AtomicFileWriter() {
+    if (descriptor_ >= 0) ::close(descriptor_);
+    if (!committed_) ::unlink(temporary_.c_str());
+  }
+
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, std::size_t nbytes) {
+    const char* bytes = static_cast<const char*>(data);
+    while (nbytes > 0) {
+      const ssize_t written = ::write(descriptor_, bytes, std::min<std::size_t>(nbytes, 1 << 30));
+      if (written < 0 && errno == EINTR) continue;
+      GRADSYNC_CHECK(written > 0, "cannot save '", target_.string(), "': writing failed after ", bytes_written_,
+                     " bytes: ", written < 0 ? errno_text() : std::string("no progress"),
+                     " (the previous file, if any, is untouched)");
+      bytes += written;
+      nbytes -= static_cast<std::size_t>(written);
+      bytes_written_ += static_cast<std::size_t>(written);
+    }
+  }
+
+  void commit() {
+    GRADSYNC_CHECK(::fsync(descriptor_) == 0, "cannot save '", target_.string(), "': fsync failed: ", errno_text());
+    const int descriptor = std::exchange(descriptor_, -1);
+    GRADSYNC_CHECK(::close(descriptor) == 0, "cannot save '", target_.string(), "': close failed: ", errno_text());
+    GRADSYNC_CHECK(::rename(temporary_.c_str(), target_.c_str()) == 0, "cannot save '", target_.string(),
+                   "': renaming the temporary file over it failed: ", errno_text());
+    committed_ = true;
+    // Make the rename itself durable: fsync the folder that holds the new directory entry.
+    const fs::path folder = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
+    const int folder_descriptor = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (folder_descriptor >= 0) {
+      ::fsync(folder_descriptor);
+      ::close(folder_descriptor);
+    }
+  }
+
+ private:
+  fs::path target_;
+  fs::path temporary_;
+  int descriptor_ = -1;
+  std::size_t bytes_written_ = 0;
+  bool committed_ = false;
+};
+
+// Reads exactly nbytes at offset, or throws naming the file.
+void read_at(int descriptor, const fs::path& path, std::size_t offset, void* data, std::size_t nbytes) {
+  char* bytes = static_cast<char*>(data);
+  while (nbytes > 0) {
+    const ssize_t got = ::pread(descriptor, bytes, std::min<std::size_t>(nbytes, 1 << 30), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    GRADSYNC_CHECK(got > 0, "safetensors file '", path.string(), "': read at byte ", offset, " failed: ",
+                   got < 0 ? errno_text() : std::string("unexpected end of file (was it truncated while open?)"));
+    bytes += got;
+    offset += static_cast<std::size_t>(got);
+    nbytes -= static_cast<std::size_t>(got);
+  }
+}
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(const fs::path& path) : descriptor_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    GRADSYNC_CHECK(descriptor_ >= 0, "cannot open safetensors file '", path.string(), "': ", errno_text());
+  }
+  ~FileDescriptor() { ::close(descriptor_); }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return descriptor_; }
+
+ private:
+  int descriptor_;
+};
+
+std::size_t file_size(int descriptor, const fs::path& path) {
+  const off_t end = ::lseek(descriptor, 0, SEEK_END);
+  GRADSYNC_CHECK(end >= 0, "safetensors file '", path.string(), "': cannot determine its size: ", errno_text());
+  return static_cast<std::size_t>(end);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+  // Order as the reference library does: larger elements first, then by name. With a header
+  // padded to 8 bytes, every tensor then starts at a multiple of its element size.
+  std::vector<const NamedTensor*> order;
+  for (const NamedTensor& entry : tensors) {
+    GRADSYNC_CHECK(!entry.name.empty(), "cannot save '", path.string(), "': a tensor has an empty name");
+    GRADSYNC_CHECK(entry.name != "__metadata__", "cannot save '", path.string(),
+                   "': the name __metadata__ is reserved by the format");
+    GRADSYNC_CHECK(entry.tensor.defined(), "cannot save '", path.string(), "': tensor '", entry.name,
+                   "' is an empty handle");
+    order.push_back(&entry);
+  }
+  std::sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
+    const std::size_t size_a = dtype_size(a->tensor.dtype());
+    const std::size_t size_b = dtype_size(b->tensor.dtype());
+    return size_a != size_b ? size_a > size_b : a->name < b->name;
+  });
+  json header = json::object();
+  std::size_t offset = 0;
+  for (const NamedTensor* entry : order) {
+    GRADSYNC_CHECK(!header.contains(entry->name), "cannot save '", path.string(), "': duplicate tensor name '",
+                   entry->name, "'");
+    const std::size_t nbytes = entry->tensor.nbytes();
+    header[entry->name] = {{"dtype", dtype_safetensors_name(entry->tensor.dtype())},
+                           {"shape", entry->tensor.shape()},
+                           {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const std::uint64_t header_length = header_text.size();
+
+  AtomicFileWriter file(path);
+  file.write(&header_length, sizeof header_length);
+  file.write(header_text.data(), header_text.size());
+  for (const NamedTensor* entry : order) {
+    const Tensor host = entry->tensor.to(Device::cpu());
+    file.write(host.data(), host.nbytes());
+  }
+  file.commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading and validation
+
+SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
+  const std::string where = "safetensors file '" + path_.string() + "'";
+  FileDescriptor file(path_);
+  const std::size_t size = file_size(file.get(), path_);
+  GRADSYNC_CHECK(size >= 8, where, " is truncated: ", size, " bytes, less than the 8-byte header length");
+
+  std::uint64_t header_length = 0;
+  read_at(file.get(), path_, 0, &header_length, sizeof header_length);
+  GRADSYNC_CHECK(header_length <= size - 8, where, ": header length ", header_length,
+                 " runs past the end of the file (", size, " bytes)");
+  GRADSYNC_CHECK(header_length <= kMaxHeaderBytes, where, ": header length ", header_length,
+                 " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+  data_start_ = 8 + static_cast<std::size_t>(header_length);
+  const std::size_t data_size = size - data_start_;
+
+  std::string header_text(header_length, '\0');
+  read_at(file.get(), path_, 8, header_text.data(), header_text.size());
+  json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  GRADSYNC_CHECK(!header.is_discarded(), where, ": the header is not valid JSON");
+  GRADSYNC_CHECK(header.is_object(), where, ": the header is JSON but not an object");
+
+  for (auto item = header.begin(); item != header.end(); ++item) {
+    const std::string& name = item.key();
+    const json& entry = item.value();
+    if (name == "__metadata__") {
+      GRADSYNC_CHECK(entry.is_object(), where, ": __metadata__ must be an object of strings");
+      for (auto field = entry.begin(); field != entry.end(); ++field) {
+        GRADSYNC_CHECK(field.value().is_string(), where, ": __metadata__ entry '", field.key(),
+                       "' is not a string");
+        metadata_[field.key()] = field.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string tensor = where + ": tensor '" + name + "'";
+    GRADSYNC_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                       entry.contains("data_offsets"),
+                   tensor, " must be an object with dtype, shape and data_offsets");
+    GRADSYNC_CHECK(entry.size() == 3, tensor, " has fields other than dtype, shape and data_offsets");
+    GRADSYNC_CHECK(entry["dtype"].is_string(), tensor, ": dtype is not a string");
+
+    TensorInfo info{name, DType::f32, {}, 0, 0};
+    try {
+      info.dtype = dtype_from_safetensors_name(entry["dtype"].get<std::string>());
+    } catch (const Error& error) {
+      detail::throw_error(tensor, ": ", error.what());
+    }
+
+    const json& shape = entry["shape"];
+    GRADSYNC_CHECK(shape.is_array(), tensor, ": shape is not an array");
+    for (const json& extent : shape) {
+      GRADSYNC_CHECK(extent.is_number_unsigned() || (extent.is_number_integer() && extent.get<std::int64_t>() >= 0),
+                     tensor, ": shape ", shape.dump(), " has an entry that is not a non-negative integer");
+      GRADSYNC_CHECK(extent.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                     tensor, ": shape ", shape.dump(), " has an entry too large");
+      info.shape.push_back(extent.get<std::int64_t>());
+    }
+
+    const json& offsets = entry["data_offsets"];
+    GRADSYNC_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                       offsets[1].is_number_unsigned(),
+                   tensor, ": data_offsets must be two non-negative integers, got ", offsets.dump());
+    const std::uint64_t begin = offsets[0].get<std::uint64_t>();
+    const std::uint64_t end = offsets[1].get<std::uint64_t>();
+    GRADSYNC_CHECK(begin <= end, tensor, ": data_offsets [", begin, ", ", end, "] are reversed");
+    GRADSYNC_CHECK(end <= data_size, tensor, ": data_offsets [", begin, ", ", end,
+                   "] run past the end of the data (", data_size, " bytes)");
+
+    std::int64_t numel = 0;
+    try {
+      numel = shape_numel(info.shape);
+    } catch (const Error&) {
+      detail::throw_error(tensor, ": shape ", shape.dump(), " has more elements than fit in 64 bits");
+    }
+    const std::uint64_t element_size = dtype_size(info.dtype);
+    GRADSYNC_CHECK(static_cast<std::uint64_t>(numel) <= std::numeric_limits<std::uint64_t>::max() / element_size &&
+                       static_cast<std::uint64_t>(numel) * element_size == end - begin,
+                   tensor, ": shape ", shape_str(info.shape), " of ", dtype_name(info.dtype), " needs ",
+                   numel, " elements, but data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes");
+    info.data_begin = static_cast<std::size_t>(begin);
+    info.data_end = static_cast<std::size_t>(end);
+    tensors_.push_back(std::move(info));
+  }
+
+  // The data section must be covered exactly: in offset order each tensor starts where the
+  // previous one ended, and the last one ends at the end of the file.
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.data_end < b.data_end;
+  });
+  std::size_t expected_begin = 0;
+  for (const TensorInfo& info : tensors_) {
+    GRADSYNC_CHECK(info.data_begin >= expected_begin, where, ": tensor '", info.name, "' (bytes ", info.data_begin, "..",
+                   info.data_end, ") overlaps the tensor before it (which ends at ", expected_begin, ")");
+    GRADSYNC_CHECK(info.data_begin == expected_begin, where, ": bytes ", expected_begin, "..", info.data_begin,
+                   " before tensor '", info.name, "' belong to no tensor");
+    expected_begin = info.data_end;
+  }
+  GRADSYNC_CHECK(expected_begin == data_size, where, ": the last ", data_size - expected_begin,
+                 " bytes of data belong to no tensor (the file may be truncated or padded)");
+}
+
+const TensorInfo* SafetensorsReader::find(std::string_view name) const {
+  for (const TensorInfo& info : tensors_) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+Tensor SafetensorsReader::read(std::string_view name) const {
+  const TensorInfo* info = find(name);
+  GRADSYNC_CHECK(info != nullptr, "safetensors file '", path_.string(), "' has no tensor named '", name, "'");
+  Tensor tensor = Tensor::empty(info->shape, info->dtype);
+  FileDescriptor file(path_);
+  read_at(file.get(), path_, data_start_ + info->data_begin, tensor.data(), tensor.nbytes());
+  return tensor;
+}
+
+std::vector<NamedTensor> SafetensorsReader::read_all() const {
+  std::vector<NamedTensor> all;
+  FileDescriptor file(path_);
+  for (const TensorInfo& info : tensors_) {
+    Tensor tensor = Tensor::empty(info.shape, info.dtype);
+    read_at(file.get(), path_, data_start_ + info.data_begin, tensor.data(), tensor.nbytes());
+    all.push_back({info.name, std::move(tensor)});
+  }
+  return all;
+}
+
+}  // namespace gradsync::io

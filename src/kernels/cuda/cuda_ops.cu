@@ -1,0 +1,166 @@
+// CUDA kernels behind gradsync::ops.
+//
+// Element-wise kernels are grid-stride loops over the same load()/store()/convert() helpers
+// the CPU uses (src/kernels/element.h), so a cast rounds identically on both devices. They
+// are bandwidth-bound; a grid of a few waves of 256-thread blocks saturates HBM without
+// launch tuning. Reductions accumulate in double per thread, reduce within a block through
+// shared memory, and finish on the host over at most kMaxReductionBlocks partial sums.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../../core/cuda_check.h"
+#include "../element.h"
+#include "../kernels.h"
+
+namespace gradsync::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 65535;
+constexpr int kMaxReductionBlocks = 1024;
+
+int blocks_for(std::int64_t n, int max_blocks = kMaxBlocks) {
+  const std::int64_t needed = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::clamp<std::int64_t>(needed, 1, max_blocks));
+}
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device) {
+    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+void check_launch(const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) detail::throw_error("CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorString(status));
+}
+
+#define GRID_STRIDE_LOOP(i, n) \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+
+template <typename T>
+__global__ void fill_kernel(T* x, std::int64_t n, T value) {
+  GRID_STRIDE_LOOP(i, n) x[i] = value;
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, std::int64_t n, compute_t<T> alpha) {
+  GRID_STRIDE_LOOP(i, n) x[i] = store<T>(load(x[i]) * alpha);
+}
+
+template <typename T>
+__global__ void axpy_kernel(compute_t<T> alpha, const T* x, T* y, std::int64_t n) {
+  GRID_STRIDE_LOOP(i, n) y[i] = store<T>(load(y[i]) + alpha * load(x[i]));
+}
+
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
+  GRID_STRIDE_LOOP(i, n) out[i] = store<T>(load(a[i]) + load(b[i]));
+}
+
+template <typename S, typename D>
+__global__ void cast_kernel(const S* source, D* destination, std::int64_t n) {
+  GRID_STRIDE_LOOP(i, n) destination[i] = convert<D>(source[i]);
+}
+
+template <typename T>
+__global__ void dot_kernel(const T* a, const T* b, std::int64_t n, double* partial_sums) {
+  __shared__ double block_sums[kThreads];
+  double sum = 0.0;
+  GRID_STRIDE_LOOP(i, n) sum += static_cast<double>(load(a[i])) * static_cast<double>(load(b[i]));
+  block_sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) block_sums[threadIdx.x] += block_sums[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial_sums[blockIdx.x] = block_sums[0];
+}
+
+#undef GRID_STRIDE_LOOP
+
+}  // namespace
+
+void fill(Device device, void* x, DType dtype, std::int64_t n, double value) {
+  if (n == 0) return;
+  DeviceScope scope(device);
+  visit_dtype(dtype, [&]<typename T>(T) {
+    fill_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<T*>(x), n, convert<T>(value));
+  });
+  check_launch("fill");
+}
+
+void scale(Device device, void* x, DType dtype, std::int64_t n, double alpha) {
+  if (n == 0) return;
+  DeviceScope scope(device);
+  visit_dtype(dtype, [&]<typename T>(T) {
+    scale_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<T*>(x), n, static_cast<compute_t<T>>(alpha));
+  });
+  check_launch("scale");
+}
+
+void axpy(Device device, double alpha, const void* x, void* y, DType dtype, std::int64_t n) {
+  if (n == 0) return;
+  DeviceScope scope(device);
+  visit_dtype(dtype, [&]<typename T>(T) {
+    axpy_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<compute_t<T>>(alpha), static_cast<const T*>(x),
+                                                static_cast<T*>(y), n);
+  });
+  check_launch("axpy");
+}
+
+void add(Device device, const void* a, const void* b, void* out, DType dtype, std::int64_t n) {
+  if (n == 0) return;
+  DeviceScope scope(device);
+  visit_dtype(dtype, [&]<typename T>(T) {
+    add_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                               static_cast<T*>(out), n);
+  });
+  check_launch("add");
+}
+
+void cast(Device device, const void* source, DType source_dtype, void* destination, DType destination_dtype,
+          std::int64_t n) {
+  if (n == 0) return;
+  DeviceScope scope(device);
+  visit_dtype(source_dtype, [&]<typename S>(S) {
+    visit_dtype(destination_dtype, [&]<typename D>(D) {
+      cast_kernel<S, D><<<blocks_for(n), kThreads>>>(static_cast<const S*>(source), static_cast<D*>(destination), n);
+    });
+  });
+  check_launch("cast");
+}
+
+double dot(Device device, const void* a, const void* b, DType dtype, std::int64_t n) {
+  if (n == 0) return 0.0;
+  DeviceScope scope(device);
+  const int blocks = blocks_for(n, kMaxReductionBlocks);
+  double* partial_sums = nullptr;
+  GRADSYNC_CUDA_CHECK(cudaMalloc(&partial_sums, sizeof(double) * blocks));
+  visit_dtype(dtype, [&]<typename T>(T) {
+    dot_kernel<T><<<blocks, kThreads>>>(static_cast<const T*>(a), static_cast<const T*>(b), n, partial_sums);
+  });
+  std::vector<double> host_sums(blocks);
+  const cudaError_t launch = cudaGetLastError();
+  const cudaError_t copy = cudaMemcpy(host_sums.data(), partial_sums, sizeof(double) * blocks, cudaMemcpyDeviceToHost);
+  cudaFree(partial_sums);
+  GRADSYNC_CUDA_CHECK(launch);
+  GRADSYNC_CUDA_CHECK(copy);
+  double sum = 0.0;
+  for (const double partial : host_sums) sum += partial;
+  return sum;
+}
+
+double squared_norm(Device device, const void* x, DType dtype, std::int64_t n) { return dot(device, x, x, dtype, n); }
+
+}  // namespace gradsync::kernels::cuda
