@@ -68,10 +68,15 @@ std::string cuda_unavailable_reason() {
 namespace detail {
 
 namespace {
-// Makes `device` current for the lifetime of the guard and restores the previous one.
+// Makes `device` current for the lifetime of the guard and restores the previous one. It
+// first checks that the device exists, so that a missing GPU or driver is reported as such,
+// naming the device, rather than as whatever the first CUDA call happens to return.
 class CurrentDeviceGuard {
  public:
   explicit CurrentDeviceGuard(Device device) {
+    const int count = cuda_device_count();
+    GRADSYNC_CHECK(device.index < count, "device ", device.str(), " is not usable: ",
+                   count == 0 ? cuda_unavailable_reason() : std::to_string(count) + " CUDA device(s) visible");
     GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
     switched_ = previous_ != device.index;

@@ -107,8 +107,7 @@ Metadata load_registry(ParameterRegistry& registry, const std::filesystem::path&
   // 3. Commit.
   for (std::size_t index = 0; index < registry.size(); ++index) {
     Parameter& parameter = registry[index];
-    Tensor destination = parameter.value();  // a handle to the arena view; the copy writes through
-    destination.copy_from(values[index]);
+    parameter.value().copy_from(values[index]);
     if (!options.load_grads) continue;
     if (grads[index].defined()) {
       parameter.set_grad(grads[index]);

@@ -24,6 +24,11 @@ void Parameter::require_trainable(const char* what) const {
   GRADSYNC_CHECK(requires_grad_, what, " of parameter '", name_, "': it is frozen (requires_grad is false)");
 }
 
+Tensor& Parameter::value() {
+  require_finalized("value()");
+  return value_;
+}
+
 const Tensor& Parameter::value() const {
   require_finalized("value()");
   return value_;

@@ -31,6 +31,7 @@ class Parameter {
   std::size_t arena_offset() const { return arena_offset_; }
 
   // The value, for reading and writing (initialization, optimizer updates).
+  Tensor& value();
   const Tensor& value() const;
 
   // The gradient buffer, for reading. Check grad_defined() before trusting its contents.

@@ -1,0 +1,75 @@
+// Helpers shared by the test suites: fixture paths, temporary folders, seeded random data,
+// and an assertion that an expression throws a gradsync::Error mentioning given words.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gradsync/core/tensor.h"
+
+namespace gradsync::testing {
+
+inline std::filesystem::path fixture_path(const std::string& name) {
+  return std::filesystem::path(GRADSYNC_FIXTURE_DIR) / name;
+}
+
+// A fresh folder under the system temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string label = info ? std::string(info->test_suite_name()) + "." + info->name() : "gradsync";
+    for (char& c : label) {
+      if (c == '/') c = '_';
+    }
+    path_ = std::filesystem::temp_directory_path() /
+            ("gradsync-test-" + label + "-" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Seeded values in [-scale, scale], converted to `dtype`, as a CPU tensor.
+inline Tensor random_tensor(std::int64_t numel, DType dtype, std::uint64_t seed, double scale = 4.0) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> distribution(-scale, scale);
+  std::vector<double> values(static_cast<std::size_t>(numel));
+  for (double& value : values) {
+    value = distribution(generator);
+    if (!is_floating(dtype)) value = std::round(value);
+  }
+  return Tensor::from_vector(values, {numel}).to(dtype);
+}
+
+}  // namespace gradsync::testing
+
+// EXPECT_GRADSYNC_ERROR(statement, "words", "more words"): the statement throws
+// gradsync::Error and its message contains every given fragment.
+#define EXPECT_GRADSYNC_ERROR(statement, ...)                                                   \
+  do {                                                                                          \
+    bool gradsync_threw_ = false;                                                               \
+    try {                                                                                       \
+      statement;                                                                                \
+    } catch (const ::gradsync::Error& gradsync_error_) {                                        \
+      gradsync_threw_ = true;                                                                   \
+      const std::string gradsync_message_ = gradsync_error_.what();                             \
+      for (const std::string& fragment : std::vector<std::string>{__VA_ARGS__}) {               \
+        EXPECT_NE(gradsync_message_.find(fragment), std::string::npos)                          \
+            << "message \"" << gradsync_message_ << "\" lacks \"" << fragment << "\"";         \
+      }                                                                                         \
+    }                                                                                           \
+    EXPECT_TRUE(gradsync_threw_) << #statement " did not throw gradsync::Error";                \
+  } while (0)
