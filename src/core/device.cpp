@@ -134,6 +134,12 @@ void device_copy(void* destination, Device destination_device, const void* sourc
 
 }  // namespace detail
 
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  detail::CurrentDeviceGuard guard(device);
+  GRADSYNC_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 #else  // built without CUDA
 
 int cuda_device_count() { return 0; }
@@ -144,7 +150,7 @@ namespace detail {
 
 namespace {
 [[noreturn]] void no_cuda(Device device) {
-  throw_error("device ", device.str(), " requested, but gradsync was built without CUDA (reconfigure with -Dcuda=enabled)");
+  throw_error("device ", device.str(), " is not usable: gradsync was built without CUDA (reconfigure with -Dcuda=enabled)");
 }
 }  // namespace
 
@@ -168,6 +174,10 @@ void device_copy(void* destination, Device destination_device, const void* sourc
 }
 
 }  // namespace detail
+
+void synchronize(Device device) {
+  if (device.is_cuda()) detail::no_cuda(device);
+}
 
 #endif
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -14,8 +15,11 @@
 
 namespace gradsync::testing {
 
+// The fixtures folder: compiled in, or GRADSYNC_FIXTURE_DIR from the environment when the
+// test binaries run elsewhere (the GPU bundle carries them to another machine).
 inline std::filesystem::path fixture_path(const std::string& name) {
-  return std::filesystem::path(GRADSYNC_FIXTURE_DIR) / name;
+  const char* override_dir = std::getenv("GRADSYNC_FIXTURE_DIR");
+  return std::filesystem::path(override_dir != nullptr ? override_dir : GRADSYNC_FIXTURE_DIR) / name;
 }
 
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.

@@ -30,5 +30,8 @@ bool cuda_compiled();
 // device is visible. Never throws; cuda_unavailable_reason() says why the count is 0.
 int cuda_device_count();
 std::string cuda_unavailable_reason();
+// Waits until all work queued on `device` has finished (a no-op for the CPU). Benchmarks
+// and engines that read device results through raw pointers call this first.
+void synchronize(Device device);
 
 }  // namespace gradsync

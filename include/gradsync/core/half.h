@@ -41,12 +41,12 @@ GRADSYNC_HOST_DEVICE inline float bits_float(std::uint32_t bits) {
 // f32 -> bf16: keep the top 16 bits, rounding the dropped 16 to nearest even.
 GRADSYNC_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float value) {
   const std::uint32_t bits = float_bits(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN: the canonical quiet NaN, as c10 does
-    return 0x7FC0u;
-  }
   // Adding 0x7FFF plus the lowest kept bit rounds half-way cases towards an even result.
-  const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+  const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  // NaN becomes the canonical quiet NaN, as c10 does. A select, not a branch, so that
+  // loops over arrays vectorize.
+  const bool is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<std::uint16_t>(is_nan ? 0x7FC0u : rounded);
 }
 
 GRADSYNC_HOST_DEVICE inline float bf16_bits_to_float(std::uint16_t bits) {

@@ -1,0 +1,97 @@
+// bench_ops: throughput of the element-wise kernels against the memory-bandwidth ceiling
+// measured in the same run.
+//
+// Every op here is memory-bound: its cost is the bytes it must move. The ceiling is a plain
+// copy of the same number of bytes (memcpy on the host, cudaMemcpy device-to-device on a
+// GPU), timed right before; each op's effective bandwidth is divided by it. A ratio near 1
+// means the kernel moves bytes as fast as the memory system allows; optimizers and the
+// reducer's scaling/casting inherit that.
+//
+//   build/benchmarks/bench_ops [--device cpu|cuda:0] [--elements N]
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "bench_common.h"
+#include "gradsync/kernels/ops.h"
+
+using namespace gradsync;
+
+int main(int argc, char** argv) try {
+  Device device = Device::cpu();
+  std::int64_t n = 1 << 25;  // 32 Mi elements: 128 MiB of f32, far beyond any cache
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--device") device = Device::parse(argv[i + 1]);
+    else if (flag == "--elements") n = std::stoll(argv[i + 1]);
+    else throw Error("unknown flag " + flag);
+  }
+  const int repetitions = device.is_cpu() ? 5 : 20;
+
+  Tensor x = Tensor::empty({n}, DType::f32, device);
+  Tensor y = Tensor::empty({n}, DType::f32, device);
+  Tensor out = Tensor::empty({n}, DType::f32, device);
+  Tensor half = Tensor::empty({n}, DType::bf16, device);
+  ops::fill(x, 1.25);
+  ops::fill(y, -0.5);
+
+  const double f32_bytes = static_cast<double>(n) * 4;
+  // Ceilings, each counted the way the ops below are counted (bytes read + bytes written):
+  //  * copy: 4n bytes in, 4n out (out.copy_from(x): memcpy / cudaMemcpy);
+  //  * on the CPU also a read-only integer sum and an in-place integer increment, plain
+  //    loops the compiler vectorizes fully. CPUs often stream reads or read-modify-writes
+  //    faster than a copy (write-allocate), and an op must not look "faster than memory".
+  // The ceiling is the best of them.
+  const double copy_seconds = bench::best_seconds(repetitions, device, [&] { out.copy_from(x); });
+  const double copy_rate = bench::gigabytes_per_second(2 * f32_bytes, copy_seconds);
+  double read_rate = 0.0;
+  double update_rate = 0.0;
+  if (device.is_cpu()) {
+    auto* words = static_cast<std::uint32_t*>(out.data());
+    volatile std::uint32_t keep = 0;
+    const double read_seconds = bench::best_seconds(repetitions, device, [&] {
+      std::uint32_t sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) sum += words[i];
+      keep = sum;
+    });
+    const double update_seconds = bench::best_seconds(repetitions, device, [&] {
+      for (std::int64_t i = 0; i < n; ++i) words[i] += 1u;
+    });
+    (void)keep;
+    read_rate = bench::gigabytes_per_second(f32_bytes, read_seconds);
+    update_rate = bench::gigabytes_per_second(2 * f32_bytes, update_seconds);
+  }
+  const double ceiling = std::max({copy_rate, read_rate, update_rate});
+
+  struct Row {
+    const char* name;
+    double bytes;  // moved per call
+    std::function<void()> fn;
+  };
+  const Row rows[] = {
+      {"fill f32", f32_bytes, [&] { ops::fill(out, 3.0); }},
+      {"scale f32", 2 * f32_bytes, [&] { ops::scale(out, 0.999); }},
+      {"axpy f32", 3 * f32_bytes, [&] { ops::axpy(1e-3, x, y); }},
+      {"add f32", 3 * f32_bytes, [&] { ops::add(x, y, out); }},
+      {"cast f32->bf16", 1.5 * f32_bytes, [&] { ops::cast(x, half); }},
+      {"cast bf16->f32", 1.5 * f32_bytes, [&] { ops::cast(half, out); }},
+      {"dot f32", 2 * f32_bytes, [&] { ops::dot(x, y); }},
+      {"squared_norm f32", f32_bytes, [&] { ops::squared_norm(x); }},
+  };
+
+  std::printf("bench_ops on %s, %lld elements (%.0f MiB per f32 tensor)\n", device.str().c_str(),
+              static_cast<long long>(n), f32_bytes / (1 << 20));
+  std::printf("memory: copy %.1f GB/s, read %.1f GB/s, in-place update %.1f GB/s -> ceiling %.1f GB/s\n\n",
+              copy_rate, read_rate, update_rate, ceiling);
+  std::printf("%-18s %10s %10s %12s\n", "op", "ms", "GB/s", "vs ceiling");
+  for (const Row& row : rows) {
+    const double seconds = bench::best_seconds(repetitions, device, row.fn);
+    const double bandwidth = bench::gigabytes_per_second(row.bytes, seconds);
+    std::printf("%-18s %10.2f %10.1f %11.2fx\n", row.name, seconds * 1e3, bandwidth, bandwidth / ceiling);
+  }
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "bench_ops: %s\n", error.what());
+  return 1;
+}

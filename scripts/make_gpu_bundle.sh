@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries here, for Hopper (sm_90) unless told otherwise,
+# and gathers them with every shared library they need (except the GPU driver and the C
+# library) into gpu_bundle/ (ignored by git). A GPU machine with nothing installable then
+# runs them through scripts/gpu_check.sh.
+#
+#   scripts/make_gpu_bundle.sh [ARCH]     e.g. 90 (H100/H200), 100 (B200)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+arch=${1:-90}
+scripts/setup.sh >/dev/null
+export PATH="/usr/local/cuda/bin:$PATH"
+
+if [[ ! -f build-gpu/build.ninja ]]; then
+  meson setup build-gpu -Dcuda=enabled -Dgpu_arch="$arch" >/dev/null
+else
+  meson configure build-gpu -Dgpu_arch="$arch" >/dev/null
+fi
+ninja -C build-gpu
+
+rm -rf gpu_bundle
+mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/fixtures
+binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/test_casts build-gpu/tests/test_ops
+          build-gpu/tests/test_registry build-gpu/tests/test_safetensors
+          build-gpu/benchmarks/bench_ops build-gpu/benchmarks/bench_checkpoint)
+cp "${binaries[@]}" gpu_bundle/bin/
+cp tests/fixtures/*.safetensors gpu_bundle/fixtures/
+# Every library the binaries load, except the driver (it must match the kernel module there)
+# and glibc's own libraries (always present, and tied to the dynamic loader).
+for binary in "${binaries[@]}"; do
+  ldd "$binary" | awk '/=> \//{print $3}'
+done | sort -u | while read -r library; do
+  case "$(basename "$library")" in
+    libcuda.so*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
+    *) cp -L "$library" gpu_bundle/lib/ ;;
+  esac
+done
+git rev-parse HEAD > gpu_bundle/COMMIT 2>/dev/null || true
+echo "sm_$arch" > gpu_bundle/ARCH
+du -sh gpu_bundle

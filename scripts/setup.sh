@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what gradsync needs on Debian 12 (only what is missing), then configures and
+# builds into ./build. Sourced or run by scripts/run.sh and scripts/test.sh; safe to rerun.
+#
+#   scripts/setup.sh                    packages + configure + build
+#   scripts/setup.sh --with-reference   also PyTorch and the reference safetensors package,
+#                                       needed only to regenerate fixtures and for the
+#                                       optional interop test
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=(meson ninja-build pkg-config g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
+          libopenmpi-dev openmpi-bin libgloo-dev python3)
+if [[ "${1:-}" == "--with-reference" ]]; then
+  packages+=(python3-torch python3-numpy python3-pip)
+fi
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [[ "${1:-}" == "--with-reference" ]]; then
+  /usr/bin/python3 -c 'import safetensors' 2>/dev/null ||
+    /usr/bin/python3 -m pip install -q --break-system-packages safetensors
+fi
+
+# The CUDA toolkit is optional; when it is installed in the standard place, use it.
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+if [[ ! -f build/build.ninja ]]; then
+  echo "== configuring build/"
+  meson setup build >/dev/null || { cat build/meson-logs/meson-log.txt | tail -40; exit 1; }
+fi
+echo "== building ($(nproc) cores)"
+ninja -C build
