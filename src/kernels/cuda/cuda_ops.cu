@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../core/cuda_check.h"
+#include "device_scope.h"
 #include "../element.h"
 #include "../kernels.h"
 
@@ -27,17 +28,6 @@ int blocks_for(std::int64_t n, int max_blocks = kMaxBlocks) {
   return static_cast<int>(std::clamp<std::int64_t>(needed, 1, max_blocks));
 }
 
-class DeviceScope {
- public:
-  explicit DeviceScope(Device device) {
-    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
 
 void check_launch(const char* kernel) {
   const cudaError_t status = cudaGetLastError();

@@ -1,0 +1,65 @@
+// gradsync/optim/adam.h - Adam and AdamW with torch.optim.Adam / AdamW semantics.
+//
+//   g = maximize ? -grad : grad
+//   AdamW: param *= 1 - lr * weight_decay          Adam: g += weight_decay * param
+//   exp_avg    = beta1 * exp_avg    + (1 - beta1) * g
+//   exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
+//   v = amsgrad ? (max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)) : exp_avg_sq
+//   param -= lr / (1 - beta1^t) * exp_avg / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// with t the parameter's own step count.
+#pragma once
+
+#include "gradsync/optim/optimizer.h"
+
+namespace gradsync::optim {
+
+class Adam : public Optimizer {
+ public:
+  struct Options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    bool amsgrad = false;
+    bool maximize = false;
+  };
+  struct Group {
+    std::vector<Parameter*> parameters;
+    Options options;
+  };
+
+  Adam(ParameterRegistry& registry, const Options& options);
+  Adam(ParameterRegistry& registry, std::vector<Group> groups);
+
+  const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  const Options& options(std::size_t group) const;
+  void set_options(std::size_t group, const Options& options);
+  Hyperparameters hyperparameters(std::size_t group) const override;
+
+ protected:
+  // AdamW's constructor: weight decay decoupled from the gradient.
+  Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decoupled);
+  void set_hyperparameters(std::size_t group, const Hyperparameters& values) override;
+  std::uint32_t buffers_used(std::size_t group) const override;
+  void update_arena(std::size_t arena, std::span<const Segment> segments) override;
+
+ private:
+  std::vector<Options> options_;
+  bool decoupled_;
+};
+
+// AdamW: Adam with decoupled weight decay (Loshchilov & Hutter); PyTorch's default
+// weight_decay for AdamW is 0.01.
+class AdamW : public Adam {
+ public:
+  static Options defaults() {
+    Options options;
+    options.weight_decay = 1e-2;
+    return options;
+  }
+  AdamW(ParameterRegistry& registry, const Options& options = defaults());
+  AdamW(ParameterRegistry& registry, std::vector<Group> groups);
+};
+
+}  // namespace gradsync::optim

@@ -1,0 +1,117 @@
+// CUDA optimizer updates: one kernel launch per arena (per 32 segments, in the rare case of
+// more), hyperparameters passed by value in the launch, a grid-stride loop per segment.
+// blockIdx.y selects the segment, so segments of different sizes share one launch. The
+// arithmetic is src/kernels/optimizer_math.h, the same code the CPU runs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "../../core/cuda_check.h"
+#include "device_scope.h"
+#include "../optimizer_kernels.h"
+#include "../optimizer_math.h"
+
+namespace gradsync::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxSegmentsPerLaunch = 32;  // keeps the by-value launch argument under 4 KiB
+
+template <typename Scalars>
+struct SegmentBatch {
+  int count;
+  std::int64_t begin[kMaxSegmentsPerLaunch];
+  std::int64_t length[kMaxSegmentsPerLaunch];
+  Scalars scalars[kMaxSegmentsPerLaunch];
+};
+
+template <typename T>
+__global__ void sgd_kernel(SegmentBatch<SgdScalars<T>> batch, T* params, const T* grads, T* momentum) {
+  const int segment = blockIdx.y;
+  const SgdScalars<T> s = batch.scalars[segment];
+  const std::int64_t begin = batch.begin[segment];
+  const std::int64_t end = begin + batch.length[segment];
+  for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    sgd_element(s, params[i], grads[i], s.use_momentum ? &momentum[i] : nullptr);
+  }
+}
+
+template <typename T>
+__global__ void adam_kernel(SegmentBatch<AdamScalars<T>> batch, T* params, const T* grads, T* exp_avg, T* exp_avg_sq,
+                            T* max_exp_avg_sq) {
+  const int segment = blockIdx.y;
+  const AdamScalars<T> s = batch.scalars[segment];
+  const std::int64_t begin = batch.begin[segment];
+  const std::int64_t end = begin + batch.length[segment];
+  for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    adam_element(s, params[i], grads[i], exp_avg[i], exp_avg_sq[i], s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
+  }
+}
+
+
+// Packs segments into batches and launches `launch(batch, grid)` for each: enough x-blocks
+// for the largest segment in the batch (a few waves), one y-row per segment.
+template <typename T, typename Segment, typename ScalarsOf, typename Launch>
+void launch_batches(std::span<const Segment> segments, ScalarsOf scalars_of, Launch launch) {
+  for (std::size_t first = 0; first < segments.size(); first += kMaxSegmentsPerLaunch) {
+    using Scalars = decltype(scalars_of(segments[0]));
+    SegmentBatch<Scalars> batch{};
+    batch.count = static_cast<int>(std::min<std::size_t>(kMaxSegmentsPerLaunch, segments.size() - first));
+    std::int64_t longest = 0;
+    for (int k = 0; k < batch.count; ++k) {
+      const Segment& segment = segments[first + static_cast<std::size_t>(k)];
+      batch.begin[k] = segment.begin;
+      batch.length[k] = segment.count;
+      batch.scalars[k] = scalars_of(segment);
+      longest = std::max(longest, segment.count);
+    }
+    if (longest == 0) continue;
+    const int blocks_x = static_cast<int>(std::clamp<std::int64_t>((longest + kThreads - 1) / kThreads, 1, 4096));
+    launch(batch, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(batch.count)));
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) detail::throw_error("optimizer kernel failed to launch: ", cudaGetErrorString(status));
+  }
+}
+
+template <typename T>
+void sgd_typed(void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
+  launch_batches<T>(segments, [](const SgdSegment& s) { return sgd_scalars<T>(s); },
+                    [&](const SegmentBatch<SgdScalars<T>>& batch, dim3 grid) {
+                      sgd_kernel<T><<<grid, kThreads>>>(batch, static_cast<T*>(params), static_cast<const T*>(grads),
+                                                        static_cast<T*>(momentum));
+                    });
+}
+
+template <typename T>
+void adam_typed(void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
+                std::span<const AdamSegment> segments) {
+  launch_batches<T>(segments, [](const AdamSegment& s) { return adam_scalars<T>(s); },
+                    [&](const SegmentBatch<AdamScalars<T>>& batch, dim3 grid) {
+                      adam_kernel<T><<<grid, kThreads>>>(batch, static_cast<T*>(params), static_cast<const T*>(grads),
+                                                         static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
+                                                         static_cast<T*>(max_exp_avg_sq));
+                    });
+}
+
+}  // namespace
+
+void sgd_update(Device device, DType dtype, void* params, const void* grads, void* momentum,
+                std::span<const SgdSegment> segments) {
+  DeviceScope scope(device);
+  if (dtype == DType::f32) return sgd_typed<float>(params, grads, momentum, segments);
+  if (dtype == DType::f64) return sgd_typed<double>(params, grads, momentum, segments);
+  detail::throw_error("SGD on ", device.str(), ": parameters of dtype ", dtype_name(dtype), " are not supported");
+}
+
+void adam_update(Device device, DType dtype, void* params, const void* grads, void* exp_avg, void* exp_avg_sq,
+                 void* max_exp_avg_sq, std::span<const AdamSegment> segments) {
+  DeviceScope scope(device);
+  if (dtype == DType::f32) return adam_typed<float>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+  if (dtype == DType::f64) return adam_typed<double>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+  detail::throw_error("Adam on ", device.str(), ": parameters of dtype ", dtype_name(dtype), " are not supported");
+}
+
+}  // namespace gradsync::kernels::cuda

@@ -1,0 +1,92 @@
+// Internal: the per-element optimizer arithmetic, shared by the CPU loops and the CUDA
+// kernels so both devices compute exactly the same sequence of roundings. T is float or
+// double; the scalars arrive already converted to T (as PyTorch converts Python floats to
+// the tensor's dtype). Each line names the torch.optim statement it mirrors.
+#pragma once
+
+#include <cmath>
+
+#include "gradsync/core/half.h"  // GRADSYNC_HOST_DEVICE
+
+namespace gradsync::kernels {
+
+template <typename T>
+struct SgdScalars {
+  T lr, momentum, one_minus_dampening, weight_decay;
+  bool use_momentum, nesterov, maximize, first_step, use_weight_decay;
+};
+
+template <typename T>
+GRADSYNC_HOST_DEVICE inline void sgd_element(const SgdScalars<T>& s, T& param, T grad, T* momentum_buffer) {
+  T d_p = s.maximize ? -grad : grad;                            // d_p = -grad if maximize
+  if (s.use_weight_decay) d_p = d_p + s.weight_decay * param;    // d_p.add(param, alpha=wd)
+  if (s.use_momentum) {
+    T buf;
+    if (s.first_step) {
+      buf = d_p;                                                 // buf = clone(d_p)
+    } else {
+      buf = *momentum_buffer * s.momentum;                       // buf.mul_(momentum)
+      buf = buf + s.one_minus_dampening * d_p;                   //    .add_(d_p, alpha=1-dampening)
+    }
+    *momentum_buffer = buf;
+    d_p = s.nesterov ? d_p + s.momentum * buf : buf;             // nesterov: d_p.add(buf, alpha=momentum)
+  }
+  param = param + (-s.lr) * d_p;                                 // param.add_(d_p, alpha=-lr)
+}
+
+template <typename T>
+struct AdamScalars {
+  T beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, neg_step_size,
+      bias_correction2_sqrt;
+  bool amsgrad, maximize, decoupled, use_l2;
+};
+
+template <typename T>
+GRADSYNC_HOST_DEVICE inline void adam_element(const AdamScalars<T>& s, T& param, T grad, T& exp_avg, T& exp_avg_sq,
+                                              T* max_exp_avg_sq) {
+  T g = s.maximize ? -grad : grad;                               // grad = -grad if maximize
+  if (s.decoupled) param = param * s.decay_factor;               // AdamW: param.mul_(1 - lr*wd)
+  if (s.use_l2) g = g + s.weight_decay * param;                  // Adam: grad.add(param, alpha=wd)
+  exp_avg = exp_avg * s.beta1 + s.one_minus_beta1 * g;           // exp_avg.mul_(b1).add_(g, alpha=1-b1)
+  exp_avg_sq = exp_avg_sq * s.beta2 + s.one_minus_beta2 * g * g; // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
+  T second = exp_avg_sq;
+  if (s.amsgrad) {
+    second = *max_exp_avg_sq > exp_avg_sq ? *max_exp_avg_sq : exp_avg_sq;  // torch.maximum(max, exp_avg_sq)
+    *max_exp_avg_sq = second;
+  }
+  const T denom = std::sqrt(second) / s.bias_correction2_sqrt + s.eps;     // (sqrt(v) / bc2_sqrt).add_(eps)
+  param = param + s.neg_step_size * (exp_avg / denom);                     // param.addcdiv_(m, denom, -step_size)
+}
+
+// Host-side conversion of a segment's double scalars to T, done once per segment.
+template <typename T, typename Segment>
+SgdScalars<T> sgd_scalars(const Segment& segment) {
+  return {static_cast<T>(segment.lr),
+          static_cast<T>(segment.momentum),
+          static_cast<T>(1.0 - segment.dampening),
+          static_cast<T>(segment.weight_decay),
+          segment.momentum != 0.0,
+          segment.nesterov,
+          segment.maximize,
+          segment.first_step,
+          segment.weight_decay != 0.0};
+}
+
+template <typename T, typename Segment>
+AdamScalars<T> adam_scalars(const Segment& segment) {
+  return {static_cast<T>(segment.beta1),
+          static_cast<T>(1.0 - segment.beta1),
+          static_cast<T>(segment.beta2),
+          static_cast<T>(1.0 - segment.beta2),
+          static_cast<T>(segment.eps),
+          static_cast<T>(segment.weight_decay),
+          static_cast<T>(segment.decay_factor),
+          static_cast<T>(-segment.step_size),
+          static_cast<T>(segment.bias_correction2_sqrt),
+          segment.amsgrad,
+          segment.maximize,
+          segment.decoupled,
+          !segment.decoupled && segment.weight_decay != 0.0};
+}
+
+}  // namespace gradsync::kernels

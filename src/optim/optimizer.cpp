@@ -1,0 +1,300 @@
+#include "gradsync/optim/optimizer.h"
+
+#include "gradsync/kernels/ops.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace gradsync::optim {
+
+namespace {
+using json = nlohmann::json;
+const std::string kStatePrefix = "optimizer.state.";
+}  // namespace
+
+std::vector<Parameter*> trainable_parameters(ParameterRegistry& registry) {
+  std::vector<Parameter*> parameters;
+  for (Parameter& parameter : registry) {
+    if (parameter.requires_grad()) parameters.push_back(&parameter);
+  }
+  return parameters;
+}
+
+Optimizer::Optimizer(ParameterRegistry& registry, std::vector<std::vector<Parameter*>> groups,
+                     std::vector<std::string> buffer_names)
+    : registry_(registry), groups_(std::move(groups)), buffer_names_(std::move(buffer_names)) {
+  GRADSYNC_CHECK(registry_.finalized(), "optimizer: the parameter registry must be finalized first");
+  GRADSYNC_CHECK(!groups_.empty(), "optimizer got an empty parameter list");
+  group_of_.assign(registry_.size(), kNoGroup);
+  steps_.assign(registry_.size(), 0);
+  present_.assign(registry_.size(), 0);
+  buffers_.assign(registry_.arenas().size(), std::vector<Tensor>(buffer_names_.size()));
+  for (std::size_t group = 0; group < groups_.size(); ++group) {
+    GRADSYNC_CHECK(!groups_[group].empty(), "optimizer: parameter group ", group, " is empty");
+    for (Parameter* parameter : groups_[group]) {
+      GRADSYNC_CHECK(parameter != nullptr, "optimizer: parameter group ", group, " holds a null parameter");
+      const std::size_t index = parameter->index();
+      GRADSYNC_CHECK(index < registry_.size() && &registry_[index] == parameter, "optimizer: parameter '",
+                     parameter->name(), "' belongs to another registry");
+      GRADSYNC_CHECK(parameter->requires_grad(), "optimizer: parameter '", parameter->name(),
+                     "' is frozen (requires_grad is false) and cannot be optimized");
+      GRADSYNC_CHECK(parameter->dtype() == DType::f32 || parameter->dtype() == DType::f64, "optimizer: parameter '",
+                     parameter->name(), "' has dtype ", dtype_name(parameter->dtype()),
+                     "; optimizers update f32 and f64 parameters");
+      GRADSYNC_CHECK(group_of_[index] == kNoGroup, "optimizer: parameter '", parameter->name(),
+                     "' appears in more than one parameter group (groups ", group_of_[index], " and ", group, ")");
+      group_of_[index] = group;
+    }
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+const std::vector<Parameter*>& Optimizer::group_parameters(std::size_t group) const {
+  GRADSYNC_CHECK(group < groups_.size(), "optimizer: group ", group, " out of range (", groups_.size(), " groups)");
+  return groups_[group];
+}
+
+double Optimizer::lr(std::size_t group) const { return hyperparameters(group).at("lr"); }
+
+void Optimizer::set_lr(std::size_t group, double lr) {
+  Hyperparameters values = hyperparameters(group);
+  values["lr"] = lr;
+  set_hyperparameters(group, values);
+}
+
+void Optimizer::require_optimized(const Parameter& parameter, const char* what) const {
+  GRADSYNC_CHECK(parameter.index() < registry_.size() && &registry_[parameter.index()] == &parameter &&
+                     group_of_[parameter.index()] != kNoGroup,
+                 what, ": parameter '", parameter.name(), "' is not optimized by this ", name(), " optimizer");
+}
+
+std::int64_t Optimizer::step_count(const Parameter& parameter) const {
+  require_optimized(parameter, "step_count");
+  return steps_[parameter.index()];
+}
+
+Tensor Optimizer::state(const Parameter& parameter, std::string_view buffer) const {
+  require_optimized(parameter, "state");
+  for (std::size_t b = 0; b < buffer_names_.size(); ++b) {
+    if (buffer_names_[b] != buffer) continue;
+    const Tensor& arena = buffers_[parameter.arena_index()][b];
+    if (!arena.defined() || !(present_[parameter.index()] & (1u << b))) return Tensor();
+    return arena.view(parameter.arena_offset(), parameter.shape());
+  }
+  detail::throw_error(name(), " has no state buffer '", buffer, "'");
+}
+
+Tensor& Optimizer::state_buffer(std::size_t arena, std::size_t buffer) {
+  Tensor& tensor = buffers_.at(arena).at(buffer);
+  if (!tensor.defined()) {
+    const Arena& values = registry_.arenas()[arena];
+    tensor = Tensor::zeros(values.values.shape(), values.dtype, values.device);
+  }
+  return tensor;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step: segments per arena, one fused update each.
+
+void Optimizer::step() {
+  const auto& arenas = registry_.arenas();
+  std::vector<Segment> segments;
+  for (std::size_t arena = 0; arena < arenas.size(); ++arena) {
+    segments.clear();
+    bool previous_included = false;  // was the previous parameter in arena order updated?
+    for (const std::size_t index : arenas[arena].parameters) {
+      const Parameter& parameter = registry_[index];
+      const std::size_t group = group_of_[index];
+      if (group == kNoGroup || !parameter.grad_defined()) {
+        previous_included = false;
+        continue;
+      }
+      const Segment next{static_cast<std::int64_t>(parameter.arena_offset()), parameter.numel(), group,
+                         steps_[index] + 1, present_[index]};
+      // Neighbours with the same group, step and state merge into one run, padding included:
+      // padding holds zeros in values, gradients and state, and every update maps zeros to zeros.
+      if (previous_included && segments.back().group == group && segments.back().step == next.step &&
+          segments.back().present == next.present) {
+        segments.back().count = next.begin + next.count - segments.back().begin;
+      } else {
+        segments.push_back(next);
+      }
+      previous_included = true;
+    }
+    if (segments.empty()) continue;
+    update_arena(arena, segments);
+    for (const std::size_t index : arenas[arena].parameters) {
+      if (group_of_[index] == kNoGroup || !registry_[index].grad_defined()) continue;
+      ++steps_[index];
+      present_[index] |= buffers_used(group_of_[index]);
+    }
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_undefined) {
+  for (const auto& group : groups_) {
+    for (Parameter* parameter : group) parameter->zero_grad(set_to_undefined);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+std::vector<io::NamedTensor> Optimizer::state_tensors() const {
+  std::vector<io::NamedTensor> tensors;
+  for (const Parameter& parameter : registry_) {
+    if (group_of_[parameter.index()] == kNoGroup) continue;
+    for (std::size_t b = 0; b < buffer_names_.size(); ++b) {
+      Tensor view = state(parameter, buffer_names_[b]);
+      if (view.defined()) tensors.push_back({kStatePrefix + parameter.name() + "." + buffer_names_[b], view});
+    }
+  }
+  return tensors;
+}
+
+io::Metadata Optimizer::state_metadata() const {
+  json groups = json::array();
+  for (std::size_t group = 0; group < groups_.size(); ++group) {
+    json names = json::array();
+    for (const Parameter* parameter : groups_[group]) names.push_back(parameter->name());
+    groups.push_back({{"params", names}, {"hyperparameters", hyperparameters(group)}});
+  }
+  json steps = json::object();
+  for (const Parameter& parameter : registry_) {
+    if (group_of_[parameter.index()] != kNoGroup && steps_[parameter.index()] > 0) {
+      steps[parameter.name()] = steps_[parameter.index()];
+    }
+  }
+  return {{"optimizer.type", name()}, {"optimizer.groups", groups.dump()}, {"optimizer.steps", steps.dump()}};
+}
+
+void Optimizer::save_state(const std::filesystem::path& path) const {
+  io::save_safetensors(path, state_tensors(), state_metadata());
+}
+
+void Optimizer::load_state(const std::filesystem::path& path) { load_state(io::SafetensorsReader(path)); }
+
+void Optimizer::load_state(const io::SafetensorsReader& file) {
+  const std::string where = "optimizer state '" + file.path().string() + "'";
+  std::vector<std::string> differences;
+  const auto differ = [&](auto&&... parts) {
+    std::ostringstream line;
+    (line << ... << parts);
+    differences.push_back(line.str());
+  };
+  const io::Metadata& metadata = file.metadata();
+  for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) {
+    GRADSYNC_CHECK(metadata.contains(key), where, " has no '", key, "' metadata: it is not an optimizer state");
+  }
+  if (metadata.at("optimizer.type") != name()) {
+    differ("saved by a ", metadata.at("optimizer.type"), " optimizer, loading into ", name());
+  }
+
+  // Groups: the same members in the same order, and hyperparameters to restore.
+  const json groups = json::parse(metadata.at("optimizer.groups"), nullptr, false);
+  const json steps = json::parse(metadata.at("optimizer.steps"), nullptr, false);
+  GRADSYNC_CHECK(groups.is_array() && steps.is_object(), where, ": malformed optimizer.groups or optimizer.steps");
+  std::vector<Hyperparameters> saved_hyperparameters;
+  if (groups.size() != groups_.size()) {
+    differ(groups.size(), " parameter groups saved, ", groups_.size(), " in this optimizer");
+  } else {
+    for (std::size_t group = 0; group < groups_.size(); ++group) {
+      const json& entry = groups[group];
+      GRADSYNC_CHECK(entry.is_object() && entry.contains("params") && entry["params"].is_array() &&
+                         entry.contains("hyperparameters") && entry["hyperparameters"].is_object(),
+                     where, ": malformed group ", group);
+      std::vector<std::string> saved_names;
+      for (const json& item : entry["params"]) saved_names.push_back(item.is_string() ? item.get<std::string>() : "?");
+      std::vector<std::string> names;
+      for (const Parameter* parameter : groups_[group]) names.push_back(parameter->name());
+      if (saved_names != names) {
+        differ("group ", group, " holds [", json(saved_names).dump(), "] in the file, [", json(names).dump(), "] here");
+      }
+      Hyperparameters values;
+      for (auto item = entry["hyperparameters"].begin(); item != entry["hyperparameters"].end(); ++item) {
+        GRADSYNC_CHECK(item.value().is_number(), where, ": hyperparameter '", item.key(), "' of group ", group,
+                       " is not a number");
+        values[item.key()] = item.value().get<double>();
+      }
+      saved_hyperparameters.push_back(values);
+    }
+  }
+
+  // Step counts and state tensors, checked against the parameters.
+  std::vector<std::int64_t> new_steps(registry_.size(), 0);
+  for (auto item = steps.begin(); item != steps.end(); ++item) {
+    const Parameter* parameter = registry_.find(item.key());
+    if (parameter == nullptr || group_of_[parameter->index()] == kNoGroup) {
+      differ("step count for '", item.key(), "', which this optimizer does not hold");
+    } else if (!item.value().is_number_unsigned()) {
+      differ("step count for '", item.key(), "' is not a non-negative integer");
+    } else {
+      new_steps[parameter->index()] = item.value().get<std::int64_t>();
+    }
+  }
+  struct Staged {
+    const Parameter* parameter;
+    std::size_t buffer;
+    std::string key;
+  };
+  std::vector<Staged> staged;
+  for (const io::TensorInfo& info : file.tensors()) {
+    if (!info.name.starts_with(kStatePrefix)) continue;  // e.g. model weights in the same file
+    const std::string rest = info.name.substr(kStatePrefix.size());
+    const std::size_t dot = rest.rfind('.');
+    const std::string parameter_name = dot == std::string::npos ? rest : rest.substr(0, dot);
+    const std::string buffer_name = dot == std::string::npos ? "" : rest.substr(dot + 1);
+    const auto buffer = std::find(buffer_names_.begin(), buffer_names_.end(), buffer_name);
+    const Parameter* parameter = registry_.find(parameter_name);
+    if (buffer == buffer_names_.end()) {
+      differ("'", info.name, "': ", name(), " has no state buffer '", buffer_name, "'");
+    } else if (parameter == nullptr || group_of_[parameter->index()] == kNoGroup) {
+      differ("'", info.name, "': no optimized parameter '", parameter_name, "'");
+    } else if (info.shape != parameter->shape() || info.dtype != parameter->dtype()) {
+      differ("'", info.name, "' is ", dtype_name(info.dtype), shape_str(info.shape), " in the file, the parameter ",
+             dtype_name(parameter->dtype()), shape_str(parameter->shape()));
+    } else if (new_steps[parameter->index()] == 0) {
+      differ("'", info.name, "' holds state for a parameter with no recorded steps");
+    } else {
+      staged.push_back({parameter, static_cast<std::size_t>(buffer - buffer_names_.begin()), info.name});
+    }
+  }
+  if (!differences.empty()) {
+    std::ostringstream message;
+    message << where << " does not match this " << name() << " optimizer (" << differences.size()
+            << (differences.size() == 1 ? " difference" : " differences") << "):";
+    for (const std::string& line : differences) message << "\n  - " << line;
+    throw Error(message.str());
+  }
+
+  // Stage the data, then commit: hyperparameters first (they validate, and are rolled back
+  // if any is invalid), then steps, presence and buffers.
+  std::vector<Tensor> data;
+  for (const Staged& entry : staged) data.push_back(file.read(entry.key));
+  std::vector<Hyperparameters> previous;
+  for (std::size_t group = 0; group < groups_.size(); ++group) previous.push_back(hyperparameters(group));
+  try {
+    for (std::size_t group = 0; group < groups_.size(); ++group) set_hyperparameters(group, saved_hyperparameters[group]);
+  } catch (const Error& error) {
+    for (std::size_t group = 0; group < groups_.size(); ++group) set_hyperparameters(group, previous[group]);
+    detail::throw_error(where, ": ", error.what());
+  }
+  steps_ = new_steps;
+  std::fill(present_.begin(), present_.end(), 0u);
+  for (std::size_t arena = 0; arena < buffers_.size(); ++arena) {
+    for (Tensor& buffer : buffers_[arena]) {
+      if (buffer.defined()) ops::fill(buffer, 0.0);
+    }
+  }
+  for (std::size_t k = 0; k < staged.size(); ++k) {
+    const Parameter& parameter = *staged[k].parameter;
+    Tensor& arena = state_buffer(parameter.arena_index(), staged[k].buffer);
+    arena.view(parameter.arena_offset(), parameter.shape()).copy_from(data[k]);
+    present_[parameter.index()] |= 1u << staged[k].buffer;
+  }
+}
+
+}  // namespace gradsync::optim

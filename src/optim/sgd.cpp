@@ -1,0 +1,94 @@
+#include "gradsync/optim/sgd.h"
+
+#include "../kernels/optimizer_kernels.h"
+#include "group_helpers.h"
+#include "gradsync/config.h"
+
+namespace gradsync::optim {
+
+namespace {
+
+void validate(const SGD::Options& options, std::size_t group) {
+  GRADSYNC_CHECK(options.lr >= 0.0, "SGD group ", group, ": invalid learning rate: ", options.lr);
+  GRADSYNC_CHECK(options.momentum >= 0.0, "SGD group ", group, ": invalid momentum value: ", options.momentum);
+  GRADSYNC_CHECK(options.weight_decay >= 0.0, "SGD group ", group, ": invalid weight_decay value: ",
+                 options.weight_decay);
+  GRADSYNC_CHECK(!options.nesterov || (options.momentum > 0.0 && options.dampening == 0.0), "SGD group ", group,
+                 ": Nesterov momentum requires a momentum and zero dampening");
+}
+
+constexpr std::size_t kMomentumBuffer = 0;
+
+}  // namespace
+
+SGD::SGD(ParameterRegistry& registry, const Options& options)
+    : SGD(registry, std::vector<Group>{{trainable_parameters(registry), options}}) {}
+
+SGD::SGD(ParameterRegistry& registry, std::vector<Group> groups)
+    : Optimizer(registry, internal::members(groups), {"momentum_buffer"}) {
+  for (std::size_t group = 0; group < groups.size(); ++group) {
+    validate(groups[group].options, group);
+    options_.push_back(groups[group].options);
+  }
+}
+
+const SGD::Options& SGD::options(std::size_t group) const {
+  group_parameters(group);  // range check with a clear message
+  return options_[group];
+}
+
+void SGD::set_options(std::size_t group, const Options& options) {
+  group_parameters(group);
+  validate(options, group);
+  options_[group] = options;
+}
+
+Hyperparameters SGD::hyperparameters(std::size_t group) const {
+  const Options& o = options(group);
+  return {{"lr", o.lr},
+          {"momentum", o.momentum},
+          {"dampening", o.dampening},
+          {"weight_decay", o.weight_decay},
+          {"nesterov", o.nesterov ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+
+void SGD::set_hyperparameters(std::size_t group, const Hyperparameters& values) {
+  Options o = options(group);
+  internal::assign(values, "lr", o.lr);
+  internal::assign(values, "momentum", o.momentum);
+  internal::assign(values, "dampening", o.dampening);
+  internal::assign(values, "weight_decay", o.weight_decay);
+  internal::assign(values, "nesterov", o.nesterov);
+  internal::assign(values, "maximize", o.maximize);
+  set_options(group, o);
+}
+
+std::uint32_t SGD::buffers_used(std::size_t group) const {
+  return options_[group].momentum != 0.0 ? (1u << kMomentumBuffer) : 0u;
+}
+
+void SGD::update_arena(std::size_t arena, std::span<const Segment> segments) {
+  const Arena& parameters = registry().arenas()[arena];
+  std::vector<kernels::SgdSegment> runs;
+  bool needs_momentum = false;
+  for (const Segment& segment : segments) {
+    const Options& o = options_[segment.group];
+    needs_momentum |= o.momentum != 0.0;
+    runs.push_back({segment.begin, segment.count, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov,
+                    o.maximize, /*first_step=*/!(segment.present & (1u << kMomentumBuffer))});
+  }
+  void* momentum = needs_momentum ? state_buffer(arena, kMomentumBuffer).data() : nullptr;
+  if (parameters.device.is_cpu()) {
+    kernels::cpu::sgd_update(parameters.dtype, parameters.values.data(), parameters.grads.data(), momentum, runs);
+  } else {
+#if GRADSYNC_WITH_CUDA
+    kernels::cuda::sgd_update(parameters.device, parameters.dtype, parameters.values.data(), parameters.grads.data(),
+                              momentum, runs);
+#else
+    detail::throw_error("SGD: parameters on ", parameters.device.str(), " but gradsync was built without CUDA");
+#endif
+  }
+}
+
+}  // namespace gradsync::optim
