@@ -10,6 +10,39 @@
 
 namespace gradsync::kernels {
 
+// Exactly-rounded primitives. torch.optim's in-place ops round as follows on the CPU (checked
+// against torch 1.13 on AVX2): add_(x, alpha) and addcmul_ are fused multiply-adds (one
+// rounding), mul_, div, sqrt, addcdiv_'s product and sum round separately. mul_rn/add_rn stop
+// nvcc from contracting what PyTorch rounds twice; fma_rn fuses where PyTorch does. The host
+// build uses -ffp-contract=off for the same reason. With these, the CPU (FMA hardware or the
+// exact libm fallback) and the GPU compute bit-identical results.
+template <typename T>
+GRADSYNC_HOST_DEVICE inline T mul_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fmul_rn(a, b); else return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+template <typename T>
+GRADSYNC_HOST_DEVICE inline T add_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fadd_rn(a, b); else return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+template <typename T>
+GRADSYNC_HOST_DEVICE inline T fma_rn(T a, T b, T c) {  // a * b + c, rounded once
+#if defined(__CUDA_ARCH__)
+  return fma(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 template <typename T>
 struct SgdScalars {
   T lr, momentum, one_minus_dampening, weight_decay;
@@ -18,20 +51,19 @@ struct SgdScalars {
 
 template <typename T>
 GRADSYNC_HOST_DEVICE inline void sgd_element(const SgdScalars<T>& s, T& param, T grad, T* momentum_buffer) {
-  T d_p = s.maximize ? -grad : grad;                            // d_p = -grad if maximize
-  if (s.use_weight_decay) d_p = d_p + s.weight_decay * param;    // d_p.add(param, alpha=wd)
+  T d_p = s.maximize ? -grad : grad;                                 // d_p = -grad if maximize
+  if (s.use_weight_decay) d_p = fma_rn(param, s.weight_decay, d_p);   // d_p.add(param, alpha=wd)
   if (s.use_momentum) {
     T buf;
     if (s.first_step) {
-      buf = d_p;                                                 // buf = clone(d_p)
-    } else {
-      buf = *momentum_buffer * s.momentum;                       // buf.mul_(momentum)
-      buf = buf + s.one_minus_dampening * d_p;                   //    .add_(d_p, alpha=1-dampening)
+      buf = d_p;                                                      // buf = clone(d_p)
+    } else {                                                          // buf.mul_(momentum)
+      buf = fma_rn(d_p, s.one_minus_dampening, mul_rn(*momentum_buffer, s.momentum));  // .add_(d_p, alpha=1-dampening)
     }
     *momentum_buffer = buf;
-    d_p = s.nesterov ? d_p + s.momentum * buf : buf;             // nesterov: d_p.add(buf, alpha=momentum)
+    d_p = s.nesterov ? fma_rn(buf, s.momentum, d_p) : buf;            // nesterov: d_p.add(buf, alpha=momentum)
   }
-  param = param + (-s.lr) * d_p;                                 // param.add_(d_p, alpha=-lr)
+  param = fma_rn(d_p, -s.lr, param);                                  // param.add_(d_p, alpha=-lr)
 }
 
 template <typename T>
@@ -44,18 +76,18 @@ struct AdamScalars {
 template <typename T>
 GRADSYNC_HOST_DEVICE inline void adam_element(const AdamScalars<T>& s, T& param, T grad, T& exp_avg, T& exp_avg_sq,
                                               T* max_exp_avg_sq) {
-  T g = s.maximize ? -grad : grad;                               // grad = -grad if maximize
-  if (s.decoupled) param = param * s.decay_factor;               // AdamW: param.mul_(1 - lr*wd)
-  if (s.use_l2) g = g + s.weight_decay * param;                  // Adam: grad.add(param, alpha=wd)
-  exp_avg = exp_avg * s.beta1 + s.one_minus_beta1 * g;           // exp_avg.mul_(b1).add_(g, alpha=1-b1)
-  exp_avg_sq = exp_avg_sq * s.beta2 + s.one_minus_beta2 * g * g; // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
+  T g = s.maximize ? -grad : grad;                                    // grad = -grad if maximize
+  if (s.decoupled) param = mul_rn(param, s.decay_factor);              // AdamW: param.mul_(1 - lr*wd)
+  if (s.use_l2) g = fma_rn(param, s.weight_decay, g);                  // Adam: grad.add(param, alpha=wd)
+  exp_avg = fma_rn(g, s.one_minus_beta1, mul_rn(exp_avg, s.beta1));    // exp_avg.mul_(b1).add_(g, alpha=1-b1)
+  exp_avg_sq = fma_rn(mul_rn(s.one_minus_beta2, g), g, mul_rn(exp_avg_sq, s.beta2));  // .mul_(b2).addcmul_(g, g, 1-b2)
   T second = exp_avg_sq;
   if (s.amsgrad) {
     second = *max_exp_avg_sq > exp_avg_sq ? *max_exp_avg_sq : exp_avg_sq;  // torch.maximum(max, exp_avg_sq)
     *max_exp_avg_sq = second;
   }
-  const T denom = std::sqrt(second) / s.bias_correction2_sqrt + s.eps;     // (sqrt(v) / bc2_sqrt).add_(eps)
-  param = param + s.neg_step_size * (exp_avg / denom);                     // param.addcdiv_(m, denom, -step_size)
+  const T denom = add_rn(std::sqrt(second) / s.bias_correction2_sqrt, s.eps);   // (sqrt(v) / bc2_sqrt).add_(eps)
+  param = add_rn(param, mul_rn(s.neg_step_size, exp_avg / denom));              // param.addcdiv_(m, denom, -step_size)
 }
 
 // Host-side conversion of a segment's double scalars to T, done once per segment.

@@ -12,68 +12,31 @@
 
 namespace gradsync::kernels::cpu {
 
+// The loops, twice: for the baseline ISA (where std::fma is an exact library call) and for
+// AVX2+FMA (where it is one instruction and eight floats go per vector). Both round exactly
+// alike, so results do not depend on the machine.
+namespace baseline {
+#include "optimizer_loops.inc"
+}  // namespace baseline
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "optimizer_loops.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+
 namespace {
 
-template <typename T, bool kMomentum, bool kFirstStep>
-void sgd_loop(SgdScalars<T> scalars, T* __restrict params, const T* __restrict grads, T* __restrict momentum,
-              std::int64_t count) {
-  scalars.use_momentum = kMomentum;
-  scalars.first_step = kFirstStep;
-  for (std::int64_t i = 0; i < count; ++i) {
-    sgd_element(scalars, params[i], grads[i], kMomentum ? &momentum[i] : nullptr);
-  }
-}
-
-template <typename T>
-void sgd_segments(void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
-  for (const SgdSegment& segment : segments) {
-    const SgdScalars<T> scalars = sgd_scalars<T>(segment);
-    T* p = static_cast<T*>(params) + segment.begin;
-    const T* g = static_cast<const T*>(grads) + segment.begin;
-    T* buf = momentum ? static_cast<T*>(momentum) + segment.begin : nullptr;
-    if (!scalars.use_momentum) {
-      sgd_loop<T, false, false>(scalars, p, g, buf, segment.count);
-    } else {
-      GRADSYNC_CHECK(buf != nullptr, "sgd_update: momentum requested without a momentum buffer");
-      if (scalars.first_step) {
-        sgd_loop<T, true, true>(scalars, p, g, buf, segment.count);
-      } else {
-        sgd_loop<T, true, false>(scalars, p, g, buf, segment.count);
-      }
-    }
-  }
-}
-
-template <typename T, bool kAmsgrad, bool kDecoupled>
-void adam_loop(AdamScalars<T> scalars, T* __restrict params, const T* __restrict grads, T* __restrict exp_avg,
-               T* __restrict exp_avg_sq, T* __restrict max_exp_avg_sq, std::int64_t count) {
-  scalars.amsgrad = kAmsgrad;
-  scalars.decoupled = kDecoupled;
-  for (std::int64_t i = 0; i < count; ++i) {
-    adam_element(scalars, params[i], grads[i], exp_avg[i], exp_avg_sq[i], kAmsgrad ? &max_exp_avg_sq[i] : nullptr);
-  }
-}
-
-template <typename T>
-void adam_segments(void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
-                   std::span<const AdamSegment> segments) {
-  for (const AdamSegment& segment : segments) {
-    const AdamScalars<T> scalars = adam_scalars<T>(segment);
-    const auto at = [&](void* base) { return base ? static_cast<T*>(base) + segment.begin : nullptr; };
-    T* p = at(params);
-    const T* g = static_cast<const T*>(grads) + segment.begin;
-    T* m = at(exp_avg);
-    T* v = at(exp_avg_sq);
-    T* v_max = at(max_exp_avg_sq);
-    GRADSYNC_CHECK(!scalars.amsgrad || v_max != nullptr, "adam_update: amsgrad without a max_exp_avg_sq buffer");
-    if (scalars.amsgrad) {
-      if (scalars.decoupled) adam_loop<T, true, true>(scalars, p, g, m, v, v_max, segment.count);
-      else adam_loop<T, true, false>(scalars, p, g, m, v, v_max, segment.count);
-    } else {
-      if (scalars.decoupled) adam_loop<T, false, true>(scalars, p, g, m, v, v_max, segment.count);
-      else adam_loop<T, false, false>(scalars, p, g, m, v, v_max, segment.count);
-    }
-  }
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__)
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
 }
 
 [[noreturn]] void unsupported(const char* optimizer, DType dtype) {
@@ -81,18 +44,35 @@ void adam_segments(void* params, const void* grads, void* exp_avg, void* exp_avg
                       " are not supported (f32 and f64 are; keep f32 master weights for 16-bit models)");
 }
 
+template <typename T>
+void sgd_dispatch(void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2_fma()) return avx2::sgd_segments<T>(params, grads, momentum, segments);
+#endif
+  baseline::sgd_segments<T>(params, grads, momentum, segments);
+}
+
+template <typename T>
+void adam_dispatch(void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
+                   std::span<const AdamSegment> segments) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2_fma()) return avx2::adam_segments<T>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+#endif
+  baseline::adam_segments<T>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+}
+
 }  // namespace
 
 void sgd_update(DType dtype, void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
-  if (dtype == DType::f32) return sgd_segments<float>(params, grads, momentum, segments);
-  if (dtype == DType::f64) return sgd_segments<double>(params, grads, momentum, segments);
+  if (dtype == DType::f32) return sgd_dispatch<float>(params, grads, momentum, segments);
+  if (dtype == DType::f64) return sgd_dispatch<double>(params, grads, momentum, segments);
   unsupported("SGD", dtype);
 }
 
 void adam_update(DType dtype, void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
                  std::span<const AdamSegment> segments) {
-  if (dtype == DType::f32) return adam_segments<float>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-  if (dtype == DType::f64) return adam_segments<double>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+  if (dtype == DType::f32) return adam_dispatch<float>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+  if (dtype == DType::f64) return adam_dispatch<double>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
   unsupported("Adam", dtype);
 }
 

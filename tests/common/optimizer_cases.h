@@ -1,0 +1,153 @@
+// The torch.optim trajectories (tests/fixtures/optimizer_trajectories.safetensors, made by
+// tests/reference/generate_optimizer_fixtures.py) replayed through our optimizers, on any
+// device: the unit suite runs them on the CPU, the gpu suite on CUDA.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "gradsync/io/safetensors.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/sgd.h"
+#include "test_util.h"
+
+namespace gradsync::testing {
+
+struct OptimizerCase {
+  std::string name;
+  std::string optimizer;  // SGD, Adam, AdamW
+  DType dtype;
+  nlohmann::json groups;  // [{"params": [indices], "options": {...}}]
+};
+
+class TrajectoryFile {
+ public:
+  TrajectoryFile() : file_(fixture_path("optimizer_trajectories.safetensors")) {
+    const auto& metadata = file_.metadata();
+    steps_ = std::stoi(metadata.at("steps"));
+    for (const auto& shape : nlohmann::json::parse(metadata.at("shapes"))) shapes_.push_back(shape.get<Shape>());
+    for (const auto& entry : nlohmann::json::parse(metadata.at("cases"))) {
+      cases_.push_back({entry["name"], entry["optimizer"], entry["dtype"] == "f64" ? DType::f64 : DType::f32,
+                        entry["groups"]});
+    }
+  }
+  const io::SafetensorsReader& file() const { return file_; }
+  const std::vector<OptimizerCase>& cases() const { return cases_; }
+  const std::vector<Shape>& shapes() const { return shapes_; }
+  int steps() const { return steps_; }
+  bool has(const std::string& key) const { return file_.find(key) != nullptr; }
+  Tensor read(const std::string& key) const { return file_.read(key); }
+
+ private:
+  io::SafetensorsReader file_;
+  std::vector<OptimizerCase> cases_;
+  std::vector<Shape> shapes_;
+  int steps_ = 0;
+};
+
+// A registry of the case's four parameters, initialized from the fixture, on `device`.
+inline std::unique_ptr<ParameterRegistry> make_case_registry(const TrajectoryFile& data, const OptimizerCase& c,
+                                                             Device device) {
+  auto registry = std::make_unique<ParameterRegistry>();
+  for (std::size_t i = 0; i < data.shapes().size(); ++i) registry->add("p" + std::to_string(i), data.shapes()[i], c.dtype, device);
+  registry->finalize();
+  for (std::size_t i = 0; i < data.shapes().size(); ++i) {
+    (*registry)[i].value().copy_from(data.read(c.name + ".init." + std::to_string(i)));
+  }
+  return registry;
+}
+
+inline std::unique_ptr<optim::Optimizer> make_case_optimizer(const OptimizerCase& c, ParameterRegistry& registry) {
+  const auto members = [&](const nlohmann::json& group) {
+    std::vector<Parameter*> parameters;
+    for (const auto& index : group["params"]) parameters.push_back(&registry[index.get<std::size_t>()]);
+    return parameters;
+  };
+  if (c.optimizer == "SGD") {
+    std::vector<optim::SGD::Group> groups;
+    for (const auto& group : c.groups) {
+      const auto& o = group["options"];
+      optim::SGD::Options options;
+      options.lr = o.value("lr", 0.0);
+      options.momentum = o.value("momentum", 0.0);
+      options.dampening = o.value("dampening", 0.0);
+      options.weight_decay = o.value("weight_decay", 0.0);
+      options.nesterov = o.value("nesterov", false);
+      options.maximize = o.value("maximize", false);
+      groups.push_back({members(group), options});
+    }
+    return std::make_unique<optim::SGD>(registry, groups);
+  }
+  std::vector<optim::Adam::Group> groups;
+  for (const auto& group : c.groups) {
+    const auto& o = group["options"];
+    optim::Adam::Options options = c.optimizer == "AdamW" ? optim::AdamW::defaults() : optim::Adam::Options{};
+    options.lr = o.value("lr", options.lr);
+    options.beta1 = o.value("beta1", options.beta1);
+    options.beta2 = o.value("beta2", options.beta2);
+    options.eps = o.value("eps", options.eps);
+    options.weight_decay = o.value("weight_decay", options.weight_decay);
+    options.amsgrad = o.value("amsgrad", false);
+    options.maximize = o.value("maximize", false);
+    groups.push_back({members(group), options});
+  }
+  if (c.optimizer == "AdamW") return std::make_unique<optim::AdamW>(registry, groups);
+  return std::make_unique<optim::Adam>(registry, groups);
+}
+
+// Runs steps [first, last) of the case: gradients from the fixture, absent ones undefined.
+inline void run_case_steps(const TrajectoryFile& data, const OptimizerCase& c, ParameterRegistry& registry,
+                           optim::Optimizer& optimizer, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    optimizer.zero_grad();
+    for (std::size_t i = 0; i < registry.size(); ++i) {
+      const std::string key = c.name + ".grad." + std::to_string(step) + "." + std::to_string(i);
+      if (data.has(key)) registry[i].set_grad(data.read(key));
+    }
+    optimizer.step();
+  }
+}
+
+// Relative agreement: |ours - torch| <= tolerance * max(|ours|, |torch|), and identical
+// non-finite values.
+inline void expect_matches_torch(const std::string& what, const Tensor& ours, const Tensor& torch, double tolerance) {
+  const std::vector<double> a = ours.to_double_vector();
+  const std::vector<double> b = torch.to_double_vector();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same_special = (std::isnan(a[i]) && std::isnan(b[i])) || (std::isinf(a[i]) && a[i] == b[i]);
+    const double bound = tolerance * std::max(std::abs(a[i]), std::abs(b[i]));
+    if (!same_special && !(std::abs(a[i] - b[i]) <= bound) && reported++ < 3) {
+      ADD_FAILURE() << what << "[" << i << "]: ours " << a[i] << ", torch " << b[i] << " (relative difference "
+                    << std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), std::abs(b[i])) << ")";
+    }
+  }
+}
+
+inline double torch_tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
+
+// Compares final parameters, state buffers and step counts with PyTorch's.
+inline void expect_case_matches(const TrajectoryFile& data, const OptimizerCase& c, const ParameterRegistry& registry,
+                                const optim::Optimizer& optimizer) {
+  const double tolerance = torch_tolerance(c.dtype);
+  for (std::size_t i = 0; i < registry.size(); ++i) {
+    const std::string index = std::to_string(i);
+    const Parameter& parameter = registry[i];
+    expect_matches_torch(c.name + " param " + index, parameter.value(), data.read(c.name + ".final." + index), tolerance);
+    for (const std::string& buffer : optimizer.state_buffer_names()) {
+      const std::string key = c.name + ".state." + index + "." + buffer;
+      const Tensor ours = optimizer.state(parameter, buffer);
+      ASSERT_EQ(ours.defined(), data.has(key)) << key << ": state exists in one implementation only";
+      if (data.has(key)) expect_matches_torch(key, ours, data.read(key), tolerance);
+    }
+    if (data.has(c.name + ".step." + index)) {
+      EXPECT_EQ(optimizer.step_count(parameter), data.read(c.name + ".step." + index).to_double_vector()[0]) << c.name;
+    }
+  }
+}
+
+}  // namespace gradsync::testing
