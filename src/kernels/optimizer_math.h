@@ -12,7 +12,8 @@ namespace gradsync::kernels {
 
 // Exactly-rounded primitives. torch.optim's in-place ops round as follows on the CPU (checked
 // against torch 1.13 on AVX2): add_(x, alpha) and addcmul_ are fused multiply-adds (one
-// rounding), mul_, div, sqrt, addcdiv_'s product and sum round separately. mul_rn/add_rn stop
+// rounding); mul_, div and sqrt round once each; addcdiv_(t1, t2, value) computes
+// self + (value * t1) / t2 with three roundings. mul_rn/add_rn stop
 // nvcc from contracting what PyTorch rounds twice; fma_rn fuses where PyTorch does. The host
 // build uses -ffp-contract=off for the same reason. With these, the CPU (FMA hardware or the
 // exact libm fallback) and the GPU compute bit-identical results.
@@ -87,7 +88,7 @@ GRADSYNC_HOST_DEVICE inline void adam_element(const AdamScalars<T>& s, T& param,
     *max_exp_avg_sq = second;
   }
   const T denom = add_rn(std::sqrt(second) / s.bias_correction2_sqrt, s.eps);   // (sqrt(v) / bc2_sqrt).add_(eps)
-  param = add_rn(param, mul_rn(s.neg_step_size, exp_avg / denom));              // param.addcdiv_(m, denom, -step_size)
+  param = add_rn(param, mul_rn(s.neg_step_size, exp_avg) / denom);              // param.addcdiv_(m, denom, -step_size)
 }
 
 // Host-side conversion of a segment's double scalars to T, done once per segment.

@@ -12,13 +12,15 @@ TEST(GpuOptimizers, TrajectoriesMatchTorchAndTheCpu) {
     auto gpu_registry = testing::make_case_registry(data, c, Device::cuda(0));
     auto gpu = testing::make_case_optimizer(c, *gpu_registry);
     testing::run_case_steps(data, c, *gpu_registry, *gpu, 0, data.steps());
-    testing::expect_case_matches(data, c, *gpu_registry, *gpu);
+    testing::expect_case_matches(data, c, *gpu_registry, *gpu, testing::torch_tolerance(c.dtype));
 
     auto cpu_registry = testing::make_case_registry(data, c, Device::cpu());
     auto cpu = testing::make_case_optimizer(c, *cpu_registry);
     testing::run_case_steps(data, c, *cpu_registry, *cpu, 0, data.steps());
     for (std::size_t i = 0; i < cpu_registry->size(); ++i) {
-      // The GPU contracts a*b+c into fused multiply-adds, so agreement is to rounding, not bits.
+      // The kernels use explicitly rounded operations (no contraction), so the GPU should
+      // agree with the CPU to the bit; the check allows the specified tolerance and the gpu
+      // run reports any difference.
       testing::expect_matches_torch(c.name + " gpu vs cpu", (*gpu_registry)[i].value(), (*cpu_registry)[i].value(),
                                     testing::torch_tolerance(c.dtype));
     }

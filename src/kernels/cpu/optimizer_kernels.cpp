@@ -8,6 +8,9 @@
 #include "../optimizer_kernels.h"
 
 #include "../optimizer_math.h"
+#include <cstdlib>
+#include <string_view>
+
 #include "gradsync/core/error.h"
 
 namespace gradsync::kernels::cpu {
@@ -30,9 +33,15 @@ namespace avx2 {
 
 namespace {
 
+// GRADSYNC_CPU_ISA=baseline forces the baseline loops (the test suite runs the torch.optim
+// trajectories both ways to prove they agree to the bit).
 bool cpu_has_avx2_fma() {
 #if defined(__x86_64__)
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool supported = [] {
+    const char* forced = std::getenv("GRADSYNC_CPU_ISA");
+    if (forced != nullptr && std::string_view(forced) == "baseline") return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
   return supported;
 #else
   return false;
