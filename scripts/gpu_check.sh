@@ -30,13 +30,15 @@ run() {  # run NAME COMMAND...: prints the output, records pass/fail and seconds
 }
 
 run gpu_tests "$bundle/bin/test_gpu" --gtest_brief=1
-for suite in tensor casts ops registry safetensors; do
+for suite in tensor casts ops registry safetensors optimizers; do
   run "unit_$suite" "$bundle/bin/test_$suite" --gtest_brief=1
 done
 run bench_ops_cuda "$bundle/bin/bench_ops" --device cuda:0 --elements $((1 << 28))
 run bench_ops_cpu "$bundle/bin/bench_ops" --device cpu
+run bench_optim_cuda "$bundle/bin/bench_optimizers" --device cuda:0 --sizes 16,64,256
 
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 grep -hE '^(memory|axpy|scale|cast|dot|squared)' "$out/bench_ops_cuda.log" | sed 's/^/cuda  /'
+grep -hE 'Mi ' "$out/bench_optim_cuda.log" | sed 's/^/cuda  /'
