@@ -1,0 +1,96 @@
+// gradsync/comm/communicator.h - the one interface every layer above talks to.
+//
+// A Communicator connects `size()` ranks. Every operation has an async form returning a Work
+// handle, and a blocking form (async + wait). Operations run off the caller's thread: on a
+// communication thread per communicator for the CPU backends (MPI, Gloo), in submission
+// order, so a wait on a later operation never reorders anything.
+//
+// Never hang, always say why:
+//  * every wait has a timeout: CommOptions::timeout (default 5 minutes, or the environment
+//    variable GRADSYNC_TIMEOUT_MS), or a per-call value given to Work::wait. The backends
+//    apply the same bound inside their own blocking calls. An expiry raises an Error naming the
+//    operation, its sequence number, dtype, count and rank;
+//  * after any failure the communicator is broken: later operations fail at once with the
+//    first error, instead of running out of step with the other ranks;
+//  * debug mode (CommOptions::check_agreement, or GRADSYNC_DEBUG_COLLECTIVES=1) checks before
+//    each collective that all ranks agree on sequence number, operation, dtype, element count
+//    and root, and reports the first mismatch with both ranks' views.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradsync/core/tensor.h"
+
+namespace gradsync::comm {
+
+enum class ReduceOp { sum, avg, min, max, prod };
+const char* reduce_op_name(ReduceOp op);
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{0};  // 0: GRADSYNC_TIMEOUT_MS, else 300000
+  bool check_agreement = false;          // also on when GRADSYNC_DEBUG_COLLECTIVES=1
+};
+
+// The timeout an operation gets when none is given: CommOptions, the environment, the default.
+std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() const = 0;
+  // Waits for completion; rethrows the operation's error. timeout 0 means the communicator's.
+  virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) = 0;
+  virtual const std::string& description() const = 0;  // "allreduce #12 (sum, f32 x 1000)"
+};
+
+using WorkHandle = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "gloo", "mpi", "nccl"
+  virtual Device device_type() const = 0;   // Device::cpu() for MPI/Gloo, cuda:N for NCCL
+
+  // Collectives. Tensors must stay alive and untouched until the work completes.
+  //  allreduce        in place; avg divides the sum by size() (floating dtypes only)
+  //  broadcast        root's tensor to everyone, in place
+  //  allgather        output holds size() * input.numel(), rank r's input at r * input.numel()
+  //  allgatherv       output holds sum(counts); counts[r] = elements rank r contributes
+  //  reduce_scatter   input holds size() * output.numel(); rank r receives reduced chunk r
+  //  allreduce_coalesced  several tensors (one dtype) reduced through one flat buffer
+  virtual WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkHandle broadcast_async(Tensor& tensor, int root) = 0;
+  virtual WorkHandle allgather_async(const Tensor& input, Tensor& output) = 0;
+  virtual WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) = 0;
+  virtual WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  virtual WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) = 0;
+  virtual WorkHandle barrier_async() = 0;
+  // Point to point (Adasum's building block). Matched by (peer, tag) in order.
+  virtual WorkHandle send_async(const Tensor& tensor, int peer, int tag = 0) = 0;
+  virtual WorkHandle recv_async(Tensor& tensor, int peer, int tag = 0) = 0;
+
+  // Blocking forms.
+  void allreduce(Tensor& tensor, ReduceOp op) { allreduce_async(tensor, op)->wait(); }
+  void allreduce(const Tensor& input, Tensor& output, ReduceOp op);  // out of place
+  void broadcast(Tensor& tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  void allgather(const Tensor& input, Tensor& output) { allgather_async(input, output)->wait(); }
+  void allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
+    allgatherv_async(input, output, counts)->wait();
+  }
+  void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void allreduce_coalesced(std::vector<Tensor> tensors, ReduceOp op) {
+    allreduce_coalesced_async(std::move(tensors), op)->wait();
+  }
+  void barrier() { barrier_async()->wait(); }
+  void send(const Tensor& tensor, int peer, int tag = 0) { send_async(tensor, peer, tag)->wait(); }
+  void recv(Tensor& tensor, int peer, int tag = 0) { recv_async(tensor, peer, tag)->wait(); }
+};
+
+}  // namespace gradsync::comm

@@ -1,0 +1,37 @@
+// Internal: what a CPU backend (MPI, Gloo) provides. Blocking primitives on raw host buffers,
+// always called from the communicator's one communication thread, one at a time, in the same
+// order on every rank. Each must give up with an exception once `timeout` has passed.
+// ReduceOp::avg never reaches a backend: the communicator sums and then scales.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+
+namespace gradsync::comm {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+
+  virtual void allreduce(void* data, std::int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual void broadcast(void* data, std::int64_t count, DType dtype, int root) = 0;
+  virtual void allgather(const void* input, void* output, std::int64_t count, DType dtype) = 0;
+  virtual void allgatherv(const void* input, void* output, const std::vector<std::int64_t>& counts, DType dtype) = 0;
+  virtual void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  virtual void send(const void* data, std::size_t nbytes, int peer, int tag) = 0;
+  virtual void recv(void* data, std::size_t nbytes, int peer, int tag) = 0;
+};
+
+// The communicator over a CPU backend: validation, sequence numbers, the communication
+// thread, timeouts, the agreement check. Defined in cpu_communicator.cpp.
+std::unique_ptr<Communicator> make_cpu_communicator(std::unique_ptr<Backend> backend, const CommOptions& options);
+
+}  // namespace gradsync::comm

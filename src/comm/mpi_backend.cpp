@@ -1,0 +1,243 @@
+// The MPI backend: MPI's nonblocking collectives, polled until done or until the timeout,
+// so that no call blocks forever. f16/bf16 reduce through user-defined MPI operations that
+// combine in f32 (src/comm/reduce_functions.cpp); avg is sum then a division.
+// The C API only: the deprecated C++ bindings do not compile cleanly under -Werror.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "backend.h"
+#include "gradsync/comm/mpi.h"
+#include "reduce_functions.h"
+
+namespace gradsync::comm {
+
+namespace {
+
+void check_mpi(int status, const char* call) {
+  if (status == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(status, text, &length);
+  detail::throw_error("MPI call ", call, " failed: ", std::string(text, static_cast<std::size_t>(length)));
+}
+
+#define GRADSYNC_MPI_CHECK(call) check_mpi((call), #call)
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;  // moved as bits, reduced by our own operations
+  }
+  return MPI_BYTE;
+}
+
+// User-defined MPI operations for the 16-bit floats, created once per (dtype, op).
+template <DType kDType, ReduceOp kOp>
+void half_reduce(void* in, void* inout, int* length, MPI_Datatype*) {
+  static const ReduceFunction reduce = reduce_function(kDType, kOp);
+  reduce(inout, in, inout, static_cast<std::size_t>(*length));
+}
+
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  if (dtype != DType::f16 && dtype != DType::bf16) {
+    switch (op) {
+      case ReduceOp::sum: return MPI_SUM;
+      case ReduceOp::prod: return MPI_PROD;
+      case ReduceOp::min: return MPI_MIN;
+      case ReduceOp::max: return MPI_MAX;
+      case ReduceOp::avg: break;
+    }
+    detail::throw_error("MPI: avg reaches the backend as sum");
+  }
+  static std::once_flag created;
+  static std::array<MPI_Op, 8> ops;  // [f16 sum, prod, min, max, bf16 sum, prod, min, max]
+  std::call_once(created, [] {
+    MPI_User_function* functions[8] = {
+        &half_reduce<DType::f16, ReduceOp::sum>,  &half_reduce<DType::f16, ReduceOp::prod>,
+        &half_reduce<DType::f16, ReduceOp::min>,  &half_reduce<DType::f16, ReduceOp::max>,
+        &half_reduce<DType::bf16, ReduceOp::sum>, &half_reduce<DType::bf16, ReduceOp::prod>,
+        &half_reduce<DType::bf16, ReduceOp::min>, &half_reduce<DType::bf16, ReduceOp::max>};
+    for (int i = 0; i < 8; ++i) GRADSYNC_MPI_CHECK(MPI_Op_create(functions[i], /*commute=*/1, &ops[static_cast<std::size_t>(i)]));
+  });
+  const std::size_t base = dtype == DType::f16 ? 0 : 4;
+  switch (op) {
+    case ReduceOp::sum: return ops[base + 0];
+    case ReduceOp::prod: return ops[base + 1];
+    case ReduceOp::min: return ops[base + 2];
+    case ReduceOp::max: return ops[base + 3];
+    case ReduceOp::avg: break;
+  }
+  detail::throw_error("MPI: avg reaches the backend as sum");
+}
+
+int int_count(std::int64_t count, const char* op) {
+  GRADSYNC_CHECK(count <= std::numeric_limits<int>::max(), "MPI ", op, ": ", count,
+                 " elements exceed MPI's int count; split the tensor");
+  return static_cast<int>(count);
+}
+
+// Finalizes MPI at exit when we initialized it.
+struct MpiLifetime {
+  bool we_initialized = false;
+  ~MpiLifetime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (we_initialized && !finalized) MPI_Finalize();
+  }
+};
+MpiLifetime& lifetime() {
+  static MpiLifetime instance;
+  return instance;
+}
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend() {
+    GRADSYNC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    GRADSYNC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    GRADSYNC_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiBackend() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !broken_) MPI_Comm_free(&comm_);
+  }
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  void allreduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, int_count(count, "allreduce"), mpi_type(dtype),
+                                      mpi_op(dtype, op), comm_, &request));
+    complete(request, "MPI_Iallreduce");
+  }
+
+  void broadcast(void* data, std::int64_t count, DType dtype, int root) override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Ibcast(data, int_count(count, "broadcast"), mpi_type(dtype), root, comm_, &request));
+    complete(request, "MPI_Ibcast");
+  }
+
+  void allgather(const void* input, void* output, std::int64_t count, DType dtype) override {
+    MPI_Request request;
+    const int n = int_count(count, "allgather");
+    GRADSYNC_MPI_CHECK(MPI_Iallgather(input, n, mpi_type(dtype), output, n, mpi_type(dtype), comm_, &request));
+    complete(request, "MPI_Iallgather");
+  }
+
+  void allgatherv(const void* input, void* output, const std::vector<std::int64_t>& counts, DType dtype) override {
+    std::vector<int> receive_counts;
+    std::vector<int> displacements;
+    std::int64_t offset = 0;
+    for (const std::int64_t count : counts) {
+      receive_counts.push_back(int_count(count, "allgatherv"));
+      displacements.push_back(int_count(offset, "allgatherv"));
+      offset += count;
+    }
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Iallgatherv(input, receive_counts[static_cast<std::size_t>(rank_)], mpi_type(dtype), output,
+                                       receive_counts.data(), displacements.data(), mpi_type(dtype), comm_, &request));
+    complete(request, "MPI_Iallgatherv");
+  }
+
+  void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Ireduce_scatter_block(input, output, int_count(count, "reduce_scatter"), mpi_type(dtype),
+                                                 mpi_op(dtype, op), comm_, &request));
+    complete(request, "MPI_Ireduce_scatter_block");
+  }
+
+  void barrier() override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+    complete(request, "MPI_Ibarrier");
+  }
+
+  void send(const void* data, std::size_t nbytes, int peer, int tag) override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Isend(data, int_count(static_cast<std::int64_t>(nbytes), "send"), MPI_BYTE, peer, tag, comm_,
+                                 &request));
+    complete(request, "MPI_Isend");
+  }
+
+  void recv(void* data, std::size_t nbytes, int peer, int tag) override {
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Irecv(data, int_count(static_cast<std::int64_t>(nbytes), "recv"), MPI_BYTE, peer, tag, comm_,
+                                 &request));
+    complete(request, "MPI_Irecv");
+  }
+
+ private:
+  // Polls the request until it completes or the timeout passes. Spinning briefly first keeps
+  // small collectives at MPI's own latency; then the thread yields, then sleeps, so a long
+  // wait does not burn a core the engine needs.
+  void complete(MPI_Request& request, const char* call) {
+    const auto start = std::chrono::steady_clock::now();
+    for (long spin = 0;; ++spin) {
+      int done = 0;
+      GRADSYNC_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      if (elapsed > timeout_) {
+        broken_ = true;  // the request stays pending; this communicator cannot be used again
+        detail::throw_error(call, " did not complete within ", timeout_.count(), " ms");
+      }
+      if (spin > 20000) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else if (spin > 1000) {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_{300000};
+  bool broken_ = false;
+};
+
+}  // namespace
+
+bool mpi_available() { return true; }
+
+bool launched_by_mpi() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(variable) != nullptr) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<Communicator> mpi_world(const CommOptions& options) {
+  int initialized = 0;
+  GRADSYNC_MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    GRADSYNC_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    lifetime().we_initialized = true;
+    GRADSYNC_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI provides thread level ", provided,
+                   " but gradsync's communication thread needs MPI_THREAD_SERIALIZED");
+  } else {
+    int provided = 0;
+    GRADSYNC_MPI_CHECK(MPI_Query_thread(&provided));
+    GRADSYNC_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI was initialized with thread level ", provided,
+                   "; gradsync's communication thread needs MPI_THREAD_SERIALIZED (use MPI_Init_thread)");
+  }
+  return make_cpu_communicator(std::make_unique<MpiBackend>(), options);
+}
+
+}  // namespace gradsync::comm

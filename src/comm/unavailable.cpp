@@ -1,0 +1,26 @@
+// Factories of the backends this build does not have: each says so clearly.
+#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/mpi.h"
+#include "gradsync/config.h"
+
+namespace gradsync::comm {
+
+#if !GRADSYNC_WITH_GLOO
+bool gloo_available() { return false; }
+void run_gloo_thread_group(int, const std::function<void(Communicator&)>&, const CommOptions&) {
+  detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
+}
+std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path&, int, int, const CommOptions&) {
+  detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
+}
+#endif
+
+#if !GRADSYNC_WITH_MPI
+bool mpi_available() { return false; }
+bool launched_by_mpi() { return false; }
+std::unique_ptr<Communicator> mpi_world(const CommOptions&) {
+  detail::throw_error("gradsync was built without MPI (install libopenmpi-dev and reconfigure)");
+}
+#endif
+
+}  // namespace gradsync::comm

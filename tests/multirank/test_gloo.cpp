@@ -1,0 +1,164 @@
+// Gloo with ranks as threads: every collective for every dtype at sizes 0, 1, odd and 1M on
+// world sizes 1, 2, 3, 4 and 8; async ordering; the timeout path; the debug-mode mismatch
+// path; argument errors; the file-store rendezvous.
+#include "gradsync/comm/gloo.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "comm_checks.h"
+
+namespace gradsync {
+namespace {
+
+using comm::Communicator;
+using comm::ReduceOp;
+using namespace std::chrono_literals;
+
+class GlooWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorld, EveryCollectiveEveryDType) {
+  const int size = GetParam();
+  // Large tensors on the biggest world would take minutes on two cores; world 8 covers the
+  // small sizes, the others the 1M case too.
+  const std::vector<std::int64_t> sizes = size >= 8 ? std::vector<std::int64_t>{0, 1, 7, 1001}
+                                                    : std::vector<std::int64_t>{0, 1, 7, 1 << 20};
+  comm::run_gloo_thread_group(size, [&](Communicator& comm) {
+    EXPECT_EQ(comm.size(), size);
+    EXPECT_STREQ(comm.backend(), "gloo");
+    testing::check_collectives(comm, sizes);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(GlooWorld8, OneMillionElementsF32) {
+  comm::run_gloo_thread_group(8, [](Communicator& comm) {
+    testing::check_collectives(comm, {1 << 20}, {DType::f32});
+  });
+}
+
+TEST(Gloo, ManyInFlightOperationsCompleteInOrder) {
+  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+    std::vector<Tensor> tensors;
+    std::vector<comm::WorkHandle> works;
+    for (int k = 0; k < 64; ++k) {
+      tensors.push_back(testing::filled(1000 + k, DType::f32, [&](std::int64_t i) { return comm.rank() + k + i % 3; }));
+      works.push_back(comm.allreduce_async(tensors.back(), ReduceOp::sum));
+    }
+    works.back()->wait();  // waiting on the last one first changes nothing
+    for (int k = 0; k < 64; ++k) {
+      EXPECT_TRUE(works[static_cast<std::size_t>(k)]->is_completed()) << "work " << k << " ran before the last";
+      works[static_cast<std::size_t>(k)]->wait();
+      const std::vector<double> values = tensors[static_cast<std::size_t>(k)].to_double_vector();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        ASSERT_EQ(values[i], 3.0 * (k + static_cast<double>(i % 3)) + 3.0) << "tensor " << k << " element " << i;
+      }
+    }
+    EXPECT_NE(works[5]->description().find("allreduce #5 (sum)"), std::string::npos) << works[5]->description();
+  });
+}
+
+TEST(Gloo, ARankThatSkipsACollectiveMakesTheOthersFailWithinTheTimeout) {
+  std::atomic<bool> rank0_failed{false};
+  std::string message;
+  std::chrono::milliseconds elapsed{0};
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(2500ms);  // alive, but never joins the allreduce
+      return;
+    }
+    Tensor t = Tensor::zeros({16}, DType::f32);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm.allreduce(t, ReduceOp::sum);
+    } catch (const Error& error) {
+      rank0_failed = true;
+      message = error.what();
+    }
+    elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    // The communicator is broken now: the next operation fails at once.
+    try {
+      comm.barrier();
+      ADD_FAILURE() << "a broken communicator must refuse new work";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("broken"), std::string::npos) << error.what();
+    }
+  }, {.timeout = 1000ms, .check_agreement = false});
+  EXPECT_TRUE(rank0_failed) << "rank 0 must get an error, not hang";
+  EXPECT_LT(elapsed.count(), 4000) << "the error must come within the timeout (plus a margin)";
+  EXPECT_NE(message.find("rank 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("allreduce #0 (sum), f32 x 16"), std::string::npos) << message;
+}
+
+TEST(Gloo, DebugModeReportsTheFirstMismatchWithBothViews) {
+  std::vector<std::string> messages(2);
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    Tensor t = Tensor::zeros({comm.rank() == 0 ? 10 : 9}, DType::f32);
+    try {
+      comm.allreduce(t, ReduceOp::sum);
+    } catch (const Error& error) {
+      messages[static_cast<std::size_t>(comm.rank())] = error.what();
+    }
+  }, {.timeout = 5000ms, .check_agreement = true});
+  EXPECT_NE(messages[0].find("collective mismatch: this rank (0) runs allreduce #0 (sum), f32 x 10, rank 1 runs "
+                             "allreduce #0 (sum), f32 x 9"),
+            std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[1].find("this rank (1) runs allreduce #0 (sum), f32 x 9, rank 0 runs allreduce #0 (sum), f32 x 10"),
+            std::string::npos)
+      << messages[1];
+
+  std::vector<std::string> dtype_messages(2);
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    Tensor t = Tensor::zeros({4}, comm.rank() == 0 ? DType::f32 : DType::bf16);
+    try {
+      comm.broadcast(t, 0);
+    } catch (const Error& error) {
+      dtype_messages[static_cast<std::size_t>(comm.rank())] = error.what();
+    }
+  }, {.timeout = 5000ms, .check_agreement = true});
+  EXPECT_NE(dtype_messages[0].find("broadcast #0 root 0, f32 x 4, rank 1 runs broadcast #0 root 0, bf16 x 4"),
+            std::string::npos)
+      << dtype_messages[0];
+}
+
+TEST(Gloo, ArgumentErrorsNameTheOperation) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    float host_memory[4] = {};
+    Tensor pretend_cuda = Tensor::wrap(host_memory, {4}, DType::f32, Device::cuda(0));  // never touched
+    EXPECT_GRADSYNC_ERROR(comm.allreduce(pretend_cuda, ReduceOp::sum), "allreduce", "handles CPU tensors",
+                          "on cuda:0", "NCCL");
+    Tensor ints = Tensor::zeros({4}, DType::i32);
+    EXPECT_GRADSYNC_ERROR(comm.allreduce(ints, ReduceOp::avg), "avg", "i32[4]");
+    Tensor in = Tensor::zeros({4}, DType::f32);
+    Tensor wrong_dtype = Tensor::zeros({8}, DType::f64);
+    EXPECT_GRADSYNC_ERROR(comm.allgather(in, wrong_dtype), "allgather", "f64[8]");
+    Tensor wrong_size = Tensor::zeros({7}, DType::f32);
+    EXPECT_GRADSYNC_ERROR(comm.allgather(in, wrong_size), "allgather", "must hold 2 x f32[4]");
+    EXPECT_GRADSYNC_ERROR(comm.broadcast(in, 5), "broadcast", "root 5");
+    EXPECT_GRADSYNC_ERROR(comm.send(in, comm.rank()), "cannot exchange with itself");
+    EXPECT_GRADSYNC_ERROR(comm.allgatherv(in, wrong_size, {4}), "1 counts for 2 ranks");
+    comm.barrier();  // validation errors do not break the communicator
+  });
+}
+
+TEST(Gloo, FileStoreRendezvous) {
+  testing::TempDir folder;
+  std::vector<double> results(3);
+  std::vector<std::thread> processes;  // threads standing in for processes: each meets via files only
+  for (int rank = 0; rank < 3; ++rank) {
+    processes.emplace_back([&, rank] {
+      auto comm = comm::gloo_file_store(folder.path() / "store", rank, 3, {.timeout = 20000ms, .check_agreement = false});
+      Tensor t = Tensor::from_vector(std::vector<double>{static_cast<double>(rank + 1)}, {1});
+      comm->allreduce(t, ReduceOp::sum);
+      results[static_cast<std::size_t>(rank)] = t.to_double_vector()[0];
+    });
+  }
+  for (std::thread& process : processes) process.join();
+  EXPECT_EQ(results, (std::vector<double>{6, 6, 6}));
+}
+
+}  // namespace
+}  // namespace gradsync
