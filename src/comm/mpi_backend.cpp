@@ -182,12 +182,13 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  // Polls the request until it completes or the timeout passes. Spinning briefly first keeps
-  // small collectives at MPI's own latency; then the thread yields, then sleeps, so a long
-  // wait does not burn a core the engine needs.
+  // Polls the request until it completes or the timeout passes. Nonblocking collectives
+  // progress only inside MPI calls, so the thread keeps calling MPI_Test, yielding the core
+  // between calls (on an oversubscribed machine the peer ranks need it), and sleeps only once
+  // an operation has been pending for a long time.
   void complete(MPI_Request& request, const char* call) {
     const auto start = std::chrono::steady_clock::now();
-    for (long spin = 0;; ++spin) {
+    for (;;) {
       int done = 0;
       GRADSYNC_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
       if (done) return;
@@ -196,9 +197,9 @@ class MpiBackend final : public Backend {
         broken_ = true;  // the request stays pending; this communicator cannot be used again
         detail::throw_error(call, " did not complete within ", timeout_.count(), " ms");
       }
-      if (spin > 20000) {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      } else if (spin > 1000) {
+      if (elapsed > std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      } else {
         std::this_thread::yield();
       }
     }
