@@ -205,9 +205,8 @@ class CpuCommunicator final : public Communicator {
     return submit_collective({0, static_cast<std::int64_t>(OpKind::reduce_scatter),
                               static_cast<std::int64_t>(input.dtype()), input.numel(), -1, static_cast<std::int64_t>(op)},
                              [this, in, out, op]() mutable {
-                               backend_->reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(),
-                                                        op == ReduceOp::avg ? ReduceOp::sum : op);
-                               if (op == ReduceOp::avg) ops::scale(out, 1.0 / size());
+                               backend_->reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(), backend_op(op));
+                               finish_average(out, op);
                              });
   }
 
@@ -292,10 +291,15 @@ class CpuCommunicator final : public Communicator {
     return text.str();
   }
 
-  // allreduce with avg = sum, then divide by the world size.
+  // avg never reaches a backend: it is a sum, then a division by the world size.
+  static ReduceOp backend_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+  void finish_average(Tensor& result, ReduceOp op) {
+    if (op == ReduceOp::avg) ops::scale(result, 1.0 / size());
+  }
+
   void reduce_in_place(Tensor& tensor, ReduceOp op) {
-    backend_->allreduce(tensor.data(), tensor.numel(), tensor.dtype(), op == ReduceOp::avg ? ReduceOp::sum : op);
-    if (op == ReduceOp::avg) ops::scale(tensor, 1.0 / size());
+    backend_->allreduce(tensor.data(), tensor.numel(), tensor.dtype(), backend_op(op));
+    finish_average(tensor, op);
   }
 
   WorkHandle submit_collective(Descriptor descriptor, std::function<void()> body) {
