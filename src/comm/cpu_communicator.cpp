@@ -13,20 +13,10 @@
 #include <thread>
 
 #include "backend.h"
+#include "collective.h"
 #include "gradsync/kernels/ops.h"
 
 namespace gradsync::comm {
-
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::prod: return "prod";
-  }
-  return "?";
-}
 
 std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) {
   if (requested.count() > 0) return requested;
@@ -81,42 +71,6 @@ class CpuWork final : public Work {
   std::exception_ptr error_;
 };
 
-enum class OpKind : std::int64_t { allreduce = 1, broadcast, allgather, allgatherv, reduce_scatter, coalesced, barrier };
-
-const char* op_kind_name(std::int64_t kind) {
-  switch (static_cast<OpKind>(kind)) {
-    case OpKind::allreduce: return "allreduce";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::allgather: return "allgather";
-    case OpKind::allgatherv: return "allgatherv";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::coalesced: return "allreduce_coalesced";
-    case OpKind::barrier: return "barrier";
-  }
-  return "?";
-}
-
-// What a rank believes the current collective is; compared across ranks in debug mode.
-struct Descriptor {
-  std::int64_t seq = 0;
-  std::int64_t kind = 0;
-  std::int64_t dtype = 0;
-  std::int64_t count = 0;
-  std::int64_t root = -1;
-  std::int64_t op = -1;
-
-  std::string str() const {
-    std::ostringstream text;
-    text << op_kind_name(kind) << " #" << seq;
-    if (op >= 0) text << " (" << reduce_op_name(static_cast<ReduceOp>(op)) << ")";
-    if (root >= 0) text << " root " << root;
-    text << ", " << dtype_name(static_cast<DType>(dtype)) << " x " << count;
-    return text.str();
-  }
-  bool operator==(const Descriptor&) const = default;
-};
-static_assert(sizeof(Descriptor) == 6 * sizeof(std::int64_t));
-
 class CpuCommunicator final : public Communicator {
  public:
   CpuCommunicator(std::unique_ptr<Backend> backend, const CommOptions& options)
@@ -142,68 +96,42 @@ class CpuCommunicator final : public Communicator {
   Device device_type() const override { return Device::cpu(); }
 
   WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) override {
-    require_host("allreduce", tensor);
-    GRADSYNC_CHECK(op != ReduceOp::avg || is_floating(tensor.dtype()), "allreduce: avg of ", tensor.describe(),
-                   " is not defined for integers (use sum)");
+    require_device(*this, "allreduce", tensor);
+    require_reducible("allreduce", op, tensor);
     Tensor target = tensor;
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::allreduce), static_cast<std::int64_t>(tensor.dtype()),
-                              tensor.numel(), -1, static_cast<std::int64_t>(op)},
+    return submit_collective(Descriptor::of(OpKind::allreduce, tensor.dtype(), tensor.numel(), -1, static_cast<std::int64_t>(op)),
                              [this, target, op]() mutable { reduce_in_place(target, op); });
   }
 
   WorkHandle broadcast_async(Tensor& tensor, int root) override {
-    require_host("broadcast", tensor);
-    require_rank("broadcast", root, "root");
+    require_device(*this, "broadcast", tensor);
+    require_rank(*this, "broadcast", root, "root");
     Tensor target = tensor;
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::broadcast), static_cast<std::int64_t>(tensor.dtype()),
-                              tensor.numel(), root, -1},
+    return submit_collective(Descriptor::of(OpKind::broadcast, tensor.dtype(), tensor.numel(), root),
                              [this, target, root] { backend_->broadcast(target.data(), target.numel(), target.dtype(), root); });
   }
 
   WorkHandle allgather_async(const Tensor& input, Tensor& output) override {
-    require_host("allgather", input);
-    require_host("allgather", output);
-    GRADSYNC_CHECK(input.dtype() == output.dtype() && output.numel() == input.numel() * size(), "allgather: output ",
-                   output.describe(), " must hold ", size(), " x ", input.describe());
+    require_allgather(*this, input, output);
     Tensor in = input;
     Tensor out = output;
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::allgather), static_cast<std::int64_t>(input.dtype()),
-                              input.numel(), -1, -1},
+    return submit_collective(Descriptor::of(OpKind::allgather, input.dtype(), input.numel()),
                              [this, in, out] { backend_->allgather(in.data(), out.data(), in.numel(), in.dtype()); });
   }
 
   WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override {
-    require_host("allgatherv", input);
-    require_host("allgatherv", output);
-    GRADSYNC_CHECK(static_cast<int>(counts.size()) == size(), "allgatherv: ", counts.size(), " counts for ", size(),
-                   " ranks");
-    GRADSYNC_CHECK(counts[static_cast<std::size_t>(rank())] == input.numel(), "allgatherv: counts[", rank(), "] = ",
-                   counts[static_cast<std::size_t>(rank())], " but this rank's input is ", input.describe());
-    std::int64_t total = 0;
-    for (const std::int64_t count : counts) {
-      GRADSYNC_CHECK(count >= 0, "allgatherv: negative count ", count);
-      total += count;
-    }
-    GRADSYNC_CHECK(input.dtype() == output.dtype() && output.numel() == total, "allgatherv: output ",
-                   output.describe(), " must hold ", total, " elements of ", dtype_name(input.dtype()));
+    const std::int64_t total = require_allgatherv(*this, input, output, counts);
     Tensor in = input;
     Tensor out = output;
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::allgatherv), static_cast<std::int64_t>(input.dtype()),
-                              total, -1, -1},
+    return submit_collective(Descriptor::of(OpKind::allgatherv, input.dtype(), total),
                              [this, in, out, counts] { backend_->allgatherv(in.data(), out.data(), counts, in.dtype()); });
   }
 
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
-    require_host("reduce_scatter", input);
-    require_host("reduce_scatter", output);
-    GRADSYNC_CHECK(input.dtype() == output.dtype() && input.numel() == output.numel() * size(), "reduce_scatter: input ",
-                   input.describe(), " must hold ", size(), " x ", output.describe());
-    GRADSYNC_CHECK(op != ReduceOp::avg || is_floating(input.dtype()), "reduce_scatter: avg of ", input.describe(),
-                   " is not defined for integers (use sum)");
+    require_reduce_scatter(*this, input, output, op);
     Tensor in = input;
     Tensor out = output;
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::reduce_scatter),
-                              static_cast<std::int64_t>(input.dtype()), input.numel(), -1, static_cast<std::int64_t>(op)},
+    return submit_collective(Descriptor::of(OpKind::reduce_scatter, input.dtype(), input.numel(), -1, static_cast<std::int64_t>(op)),
                              [this, in, out, op]() mutable {
                                backend_->reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(), backend_op(op));
                                finish_average(out, op);
@@ -211,18 +139,9 @@ class CpuCommunicator final : public Communicator {
   }
 
   WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) override {
-    GRADSYNC_CHECK(!tensors.empty(), "allreduce_coalesced: no tensors");
-    std::int64_t total = 0;
-    for (const Tensor& tensor : tensors) {
-      require_host("allreduce_coalesced", tensor);
-      GRADSYNC_CHECK(tensor.dtype() == tensors[0].dtype(), "allreduce_coalesced: mixed dtypes ",
-                     tensors[0].describe(), " and ", tensor.describe());
-      total += tensor.numel();
-    }
-    GRADSYNC_CHECK(op != ReduceOp::avg || is_floating(tensors[0].dtype()), "allreduce_coalesced: avg of integers");
+    const std::int64_t total = require_coalesced(*this, tensors, op);
     const DType dtype = tensors[0].dtype();
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::coalesced), static_cast<std::int64_t>(dtype), total, -1,
-                              static_cast<std::int64_t>(op)},
+    return submit_collective(Descriptor::of(OpKind::coalesced, dtype, total, -1, static_cast<std::int64_t>(op)),
                              [this, tensors, total, dtype, op]() mutable {
                                // One flat buffer: one collective instead of one per tensor.
                                Tensor flat = Tensor::empty({total}, dtype);
@@ -241,22 +160,22 @@ class CpuCommunicator final : public Communicator {
   }
 
   WorkHandle barrier_async() override {
-    return submit_collective({0, static_cast<std::int64_t>(OpKind::barrier), 0, 0, -1, -1}, [this] { backend_->barrier(); });
+    return submit_collective(Descriptor::of(OpKind::barrier, DType::f32, 0), [this] { backend_->barrier(); });
   }
 
   WorkHandle send_async(const Tensor& tensor, int peer, int tag) override {
-    require_host("send", tensor);
-    require_peer("send", peer);
+    require_device(*this, "send", tensor);
+    require_peer(*this, "send", peer);
     Tensor source = tensor;
-    return submit(describe_p2p("send", tensor, peer, tag), std::nullopt,
+    return submit(next_p2p("send", tensor, peer, tag), std::nullopt,
                   [this, source, peer, tag] { backend_->send(source.data(), source.nbytes(), peer, tag); });
   }
 
   WorkHandle recv_async(Tensor& tensor, int peer, int tag) override {
-    require_host("recv", tensor);
-    require_peer("recv", peer);
+    require_device(*this, "recv", tensor);
+    require_peer(*this, "recv", peer);
     Tensor target = tensor;
-    return submit(describe_p2p("recv", tensor, peer, tag), std::nullopt,
+    return submit(next_p2p("recv", tensor, peer, tag), std::nullopt,
                   [this, target, peer, tag] { backend_->recv(target.data(), target.nbytes(), peer, tag); });
   }
 
@@ -267,28 +186,9 @@ class CpuCommunicator final : public Communicator {
     std::function<void()> body;
   };
 
-  void require_host(const char* op, const Tensor& tensor) const {
-    GRADSYNC_CHECK(tensor.defined(), op, ": empty tensor handle");
-    GRADSYNC_CHECK(tensor.device().is_cpu(), op, ": the ", backend(), " communicator handles CPU tensors, got ",
-                   tensor.describe(), " (CUDA tensors go through the NCCL backend)");
-  }
-
-  void require_rank(const char* op, int value, const char* what) const {
-    GRADSYNC_CHECK(value >= 0 && value < size(), op, ": ", what, " ", value, " is not a rank of this ", size(),
-                   "-rank communicator");
-  }
-
-  void require_peer(const char* op, int peer) const {
-    require_rank(op, peer, "peer");
-    GRADSYNC_CHECK(peer != rank(), op, ": rank ", rank(), " cannot exchange with itself");
-  }
-
-  std::string describe_p2p(const char* op, const Tensor& tensor, int peer, int tag) {
+  std::string next_p2p(const char* op, const Tensor& tensor, int peer, int tag) {
     std::lock_guard<std::mutex> lock(submit_mutex_);
-    std::ostringstream text;
-    text << op << " p2p#" << p2p_sequence_++ << " (" << (std::string(op) == "send" ? "to" : "from") << " rank " << peer
-         << ", tag " << tag << ", " << dtype_name(tensor.dtype()) << " x " << tensor.numel() << ")";
-    return text.str();
+    return describe_p2p(op, p2p_sequence_++, tensor, peer, tag);
   }
 
   // avg never reaches a backend: it is a sum, then a division by the world size.
@@ -363,14 +263,8 @@ class CpuCommunicator final : public Communicator {
   // names the first disagreeing rank and both views.
   void check_agreement(const Descriptor& mine) {
     std::vector<Descriptor> all(static_cast<std::size_t>(size()));
-    backend_->allgather(&mine, all.data(), 6, DType::i64);
-    for (int other = 0; other < size(); ++other) {
-      const Descriptor& theirs = all[static_cast<std::size_t>(other)];
-      if (!(theirs == mine)) {
-        detail::throw_error("collective mismatch: this rank (", rank(), ") runs ", mine.str(), ", rank ", other,
-                            " runs ", theirs.str());
-      }
-    }
+    backend_->allgather(&mine, all.data(), kDescriptorWords, DType::i64);
+    require_agreement(mine, all, rank());
   }
 
   std::unique_ptr<Backend> backend_;

@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "gradsync/comm/gloo.h"
 #include "reduce_functions.h"
+#include "tcp_store.h"
 
 namespace gradsync::comm {
 
@@ -29,7 +30,8 @@ constexpr std::uint64_t kP2PSlotBase = std::uint64_t{1} << 40;
 
 class GlooBackend final : public Backend {
  public:
-  explicit GlooBackend(std::shared_ptr<gloo::Context> context) : context_(std::move(context)) {}
+  explicit GlooBackend(std::shared_ptr<gloo::Context> context, std::shared_ptr<void> keepalive = nullptr)
+      : context_(std::move(context)), keepalive_(std::move(keepalive)) {}
 
   const char* name() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
@@ -140,6 +142,7 @@ class GlooBackend final : public Backend {
   std::uint32_t next_tag() { return tag_++; }
 
   std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<void> keepalive_;  // rank 0 of a TCP rendezvous: the store server
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
 };
@@ -204,6 +207,23 @@ std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path& folde
   const auto timeout = resolve_timeout(options.timeout);
   return make_cpu_communicator(std::make_unique<GlooBackend>(connect(store, rank, size, timeout, loopback_device())),
                                options);
+}
+
+std::unique_ptr<Communicator> gloo_tcp_store(const std::string& host, int port, int rank, int size,
+                                             const CommOptions& options) {
+  GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_tcp_store: rank ", rank, " is outside a world of ", size);
+  const auto timeout = resolve_timeout(options.timeout);
+  if (size == 1) {  // nobody to meet: no server, no port
+    gloo::rendezvous::HashStore store;
+    return make_cpu_communicator(std::make_unique<GlooBackend>(connect(store, 0, 1, timeout, loopback_device())), options);
+  }
+  TcpStore store(host, port, /*serve=*/rank == 0, timeout);
+  auto backend = std::make_unique<GlooBackend>(connect(store, rank, size, timeout, loopback_device()), store.server());
+  // Everyone has read what it needed from the store once all ranks are connected; the
+  // barrier lets rank 0 know that before its server may go away.
+  backend->set_timeout(timeout);
+  backend->barrier();
+  return make_cpu_communicator(std::move(backend), options);
 }
 
 }  // namespace gradsync::comm

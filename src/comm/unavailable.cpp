@@ -1,6 +1,8 @@
 // Factories of the backends this build does not have: each says so clearly.
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/mpi.h"
+#include "gradsync/comm/nccl.h"
+#include "gradsync/core/device.h"
 #include "gradsync/config.h"
 
 namespace gradsync::comm {
@@ -13,6 +15,9 @@ void run_gloo_thread_group(int, const std::function<void(Communicator&)>&, const
 std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path&, int, int, const CommOptions&) {
   detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
 }
+std::unique_ptr<Communicator> gloo_tcp_store(const std::string&, int, int, int, const CommOptions&) {
+  detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
+}
 #endif
 
 #if !GRADSYNC_WITH_MPI
@@ -20,6 +25,17 @@ bool mpi_available() { return false; }
 bool launched_by_mpi() { return false; }
 std::unique_ptr<Communicator> mpi_world(const CommOptions&) {
   detail::throw_error("gradsync was built without MPI (install libopenmpi-dev and reconfigure)");
+}
+#endif
+
+#if !GRADSYNC_WITH_NCCL
+bool nccl_available() { return false; }
+std::string nccl_unavailable_reason() {
+  return cuda_compiled() ? "gradsync was built without NCCL (libnccl not found at configure time)"
+                         : "gradsync was built without CUDA, hence without NCCL";
+}
+std::unique_ptr<Communicator> nccl_communicator(Communicator&, const CommOptions&, int) {
+  detail::throw_error("nccl_communicator: ", nccl_unavailable_reason());
 }
 #endif
 

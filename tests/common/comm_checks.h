@@ -16,14 +16,17 @@ namespace gradsync::testing {
 inline double input_value(int rank, std::int64_t i) { return static_cast<double>((i * 7 + rank * 3) % 11 - 5); }
 inline double product_value(int rank, std::int64_t i) { return ((i + rank) % 3 == 0 ? 2.0 : 1.0) * ((i + rank) % 2 ? -1.0 : 1.0); }
 
-inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std::int64_t)>& value) {
+inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std::int64_t)>& value,
+                     Device device = Device::cpu()) {
   std::vector<double> values(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = value(i);
-  return Tensor::from_vector(values, {n}).to(dtype);
+  return Tensor::from_vector(values, {n}).to(dtype).to(device);
 }
 
+// Runs every operation on tensors of the communicator's device type (CPU, or its CUDA device).
 inline void check_collectives(comm::Communicator& comm, const std::vector<std::int64_t>& sizes,
                               const std::vector<DType>& dtypes = all_dtypes()) {
+  const Device device = comm.device_type();
   const int rank = comm.rank();
   const int size = comm.size();
   for (DType dtype : dtypes) {
@@ -35,7 +38,7 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
 
       // allreduce: sum, min, max, prod, avg
       for (comm::ReduceOp op : {comm::ReduceOp::sum, comm::ReduceOp::min, comm::ReduceOp::max}) {
-        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
+        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
         comm.allreduce(t, op);
         for (std::int64_t i = 0; i < n; ++i) {
           double value = input_value(0, i);
@@ -48,7 +51,7 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
         expect(comm::reduce_op_name(op), t);
       }
       {
-        Tensor t = filled(n, dtype, [&](std::int64_t i) { return product_value(rank, i); });
+        Tensor t = filled(n, dtype, [&](std::int64_t i) { return product_value(rank, i); }, device);
         comm.allreduce(t, comm::ReduceOp::prod);
         for (std::int64_t i = 0; i < n; ++i) {
           double value = 1.0;
@@ -58,8 +61,8 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
         expect("prod", t);
       }
       if (is_floating(dtype)) {
-        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor out = Tensor::empty({n}, dtype);
+        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor out = Tensor::empty({n}, dtype, device);
         comm.allreduce(t, out, comm::ReduceOp::avg);  // out of place: t is untouched
         for (std::int64_t i = 0; i < n; ++i) {
           double sum = 0;
@@ -73,7 +76,7 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
 
       // broadcast from the last rank
       {
-        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
+        Tensor t = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
         comm.broadcast(t, size - 1);
         for (std::int64_t i = 0; i < n; ++i) expected[static_cast<std::size_t>(i)] = input_value(size - 1, i);
         expect("broadcast", t);
@@ -81,8 +84,8 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
 
       // allgather, allgatherv (rank r contributes n + r elements), reduce_scatter
       {
-        Tensor mine = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor all = Tensor::empty({n * size}, dtype);
+        Tensor mine = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor all = Tensor::empty({n * size}, dtype, device);
         comm.allgather(mine, all);
         std::vector<double> gathered;
         for (int r = 0; r < size; ++r) {
@@ -96,13 +99,13 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
           counts.push_back(n + r);
           for (std::int64_t i = 0; i < n + r; ++i) gathered_v.push_back(input_value(r, i));
         }
-        Tensor mine_v = filled(n + rank, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor all_v = Tensor::empty({static_cast<std::int64_t>(gathered_v.size())}, dtype);
+        Tensor mine_v = filled(n + rank, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor all_v = Tensor::empty({static_cast<std::int64_t>(gathered_v.size())}, dtype, device);
         comm.allgatherv(mine_v, all_v, counts);
         expect_close("allgatherv " + label, all_v, gathered_v);
 
-        Tensor input = filled(n * size, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor chunk = Tensor::empty({n}, dtype);
+        Tensor input = filled(n * size, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor chunk = Tensor::empty({n}, dtype, device);
         comm.reduce_scatter(input, chunk, comm::ReduceOp::sum);
         for (std::int64_t i = 0; i < n; ++i) {
           double sum = 0;
@@ -114,8 +117,8 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
 
       // coalesced: two tensors through one flat buffer
       {
-        Tensor a = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor b = filled(3, dtype, [&](std::int64_t i) { return input_value(rank, 100 + i); });
+        Tensor a = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor b = filled(3, dtype, [&](std::int64_t i) { return input_value(rank, 100 + i); }, device);
         comm.allreduce_coalesced({a, b}, comm::ReduceOp::sum);
         for (std::int64_t i = 0; i < n; ++i) {
           double sum = 0;
@@ -136,8 +139,8 @@ inline void check_collectives(comm::Communicator& comm, const std::vector<std::i
       // large messages, as MPI's standard-mode send), and each rank's operations run in order,
       // so even ranks send first and odd ranks receive first: no cycle of waiting sends.
       if (size > 1) {
-        Tensor out = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); });
-        Tensor in = Tensor::empty({n}, dtype);
+        Tensor out = filled(n, dtype, [&](std::int64_t i) { return input_value(rank, i); }, device);
+        Tensor in = Tensor::empty({n}, dtype, device);
         if (rank % 2 == 0) {
           comm.send(out, (rank + 1) % size, 7);
           comm.recv(in, (rank + size - 1) % size, 7);

@@ -7,7 +7,12 @@
 #include <chrono>
 #include <thread>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "comm_checks.h"
+#include "gradsync/comm/connect.h"
 
 namespace gradsync {
 namespace {
@@ -158,6 +163,71 @@ TEST(Gloo, FileStoreRendezvous) {
   }
   for (std::thread& process : processes) process.join();
   EXPECT_EQ(results, (std::vector<double>{6, 6, 6}));
+}
+
+// A TCP port nobody listens on right now: the kernel picks one, we release it.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(Gloo, TcpStoreRendezvous) {
+  for (const int size : {1, 2, 4}) {
+    const int port = free_port();
+    std::vector<double> results(static_cast<std::size_t>(size));
+    std::vector<std::thread> processes;  // each meets the others only through rank 0's TCP store
+    for (int rank = 0; rank < size; ++rank) {
+      processes.emplace_back([&, rank] {
+        auto comm = comm::gloo_tcp_store("127.0.0.1", port, rank, size, {.timeout = 20000ms, .check_agreement = false});
+        EXPECT_EQ(comm->rank(), rank);
+        EXPECT_EQ(comm->size(), size);
+        Tensor t = Tensor::from_vector(std::vector<double>{static_cast<double>(rank + 1)}, {1});
+        comm->allreduce(t, ReduceOp::sum);
+        results[static_cast<std::size_t>(rank)] = t.to_double_vector()[0];
+      });
+    }
+    for (std::thread& process : processes) process.join();
+    EXPECT_EQ(results, std::vector<double>(static_cast<std::size_t>(size), size * (size + 1) / 2.0)) << "world " << size;
+  }
+}
+
+TEST(Gloo, TcpStoreRankThatNeverComesIsATimeoutNotAHang) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 0 serves and waits for rank 1, which never starts.
+  EXPECT_GRADSYNC_ERROR(comm::gloo_tcp_store("127.0.0.1", port, 0, 2, {.timeout = 1500ms, .check_agreement = false}),
+                        "rendezvous of rank 0 of 2");
+  // Rank 1 of a world whose rank 0 never starts: nobody serves the store.
+  EXPECT_GRADSYNC_ERROR(comm::gloo_tcp_store("127.0.0.1", free_port(), 1, 2, {.timeout = 1000ms, .check_agreement = false}),
+                        "cannot reach the rank-0 store");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+TEST(Connect, BackendChoiceIsExplainedAndCheckedByName) {
+  EXPECT_GRADSYNC_ERROR(comm::choose_backend("infiniband", Device::cpu()), "unknown backend 'infiniband'",
+                        "auto, nccl, mpi, gloo");
+  EXPECT_EQ(comm::choose_backend("gloo", Device::cpu()), "gloo");
+  if (cuda_device_count() == 0) {
+    // No GPU: CUDA tensors cannot get NCCL; auto falls back to a CPU backend, by name is an error.
+    EXPECT_NE(comm::choose_backend("auto", Device::cuda(0)), "nccl");
+    EXPECT_GRADSYNC_ERROR(comm::choose_backend("nccl", Device::cuda(0)), "backend nccl");
+  }
+  // Not started by mpirun and no RANK/WORLD_SIZE in the environment: a world of one.
+  if (std::getenv("WORLD_SIZE") == nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    auto comm = comm::connect();
+    EXPECT_EQ(std::string(comm->backend()), "gloo");
+    EXPECT_EQ(comm->size(), 1);
+    Tensor t = Tensor::from_vector(std::vector<float>{3.0f}, {1});
+    comm->allreduce(t, ReduceOp::avg);
+    EXPECT_EQ(t.to_double_vector()[0], 3.0);
+  }
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 //    store and talking over loopback TCP: the harness of our multi-rank tests (as Gloo's own).
 //  * gloo_file_store(path, rank, size): ranks as processes meeting through files in a folder
 //    they all see (a shared file system across machines). Remove the folder between runs.
-//  * The TCP-store rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (torchrun's
-//    variables) is not built yet.
+//  * gloo_tcp_store(host, port, rank, size): ranks as processes on one or several machines,
+//    meeting through a small key-value server that rank 0 runs on `port` (torchrun's
+//    MASTER_ADDR / MASTER_PORT; comm::connect reads them together with RANK and WORLD_SIZE).
+// The address each rank listens on for its peers is GRADSYNC_GLOO_HOST (an address or name the
+// other machines can reach), else loopback, which is enough on one machine.
 #pragma once
 
 #include <filesystem>
@@ -22,12 +25,16 @@ bool gloo_available();
 
 // Runs body(communicator) on `size` threads, one communicator per rank, and rethrows the
 // first exception any rank raised (after all threads finished). Each thread is labelled with
-// its rank for error messages. `interface_address` is the loopback address to bind.
+// its rank for error messages.
 void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body,
                            const CommOptions& options = {});
 
 // A process's communicator, meeting the others through a folder.
 std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path& folder, int rank, int size,
                                               const CommOptions& options = {});
+
+// A process's communicator, meeting the others through rank 0's TCP store at host:port.
+std::unique_ptr<Communicator> gloo_tcp_store(const std::string& host, int port, int rank, int size,
+                                             const CommOptions& options = {});
 
 }  // namespace gradsync::comm

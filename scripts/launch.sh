@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Starts N local ranks of a program with the environment rendezvous (what torchrun does),
+# for the Gloo backend without mpirun:
+#   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo
+# Sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for each rank. For several
+# machines, run it on each with NODE_RANK, NNODES and MASTER_ADDR set (rank = node * N + local).
+# When one rank fails, the others are stopped; the exit status is the first failure's.
+set -uo pipefail
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 RANKS_PER_NODE PROGRAM [ARGS...]   (env: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT)" >&2
+  exit 2
+fi
+per_node=$1
+shift
+nodes=${NNODES:-1}
+node=${NODE_RANK:-0}
+export WORLD_SIZE=$((per_node * nodes))
+export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+if [[ -z "${MASTER_PORT:-}" ]]; then
+  # A free port on this machine (only meaningful when all ranks are local).
+  MASTER_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+                echo $((20000 + RANDOM % 20000)))
+fi
+export MASTER_PORT
+
+pids=()
+for ((local = 0; local < per_node; ++local)); do
+  RANK=$((node * per_node + local)) LOCAL_RANK=$local "$@" &
+  pids+=($!)
+done
+
+status=0
+remaining=${#pids[@]}
+while ((remaining > 0)); do
+  wait -n "${pids[@]}"
+  code=$?
+  remaining=$((remaining - 1))
+  if ((code != 0 && status == 0)); then
+    status=$code
+    echo "launch.sh: a rank exited with status $code; stopping the others" >&2
+    kill "${pids[@]}" 2>/dev/null
+  fi
+done
+exit $status

@@ -1,0 +1,131 @@
+// The argument checks and descriptors every communicator shares (collective.h).
+#include "collective.h"
+
+#include <sstream>
+
+namespace gradsync::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::prod: return "prod";
+  }
+  return "?";
+}
+
+const char* op_kind_name(std::int64_t kind) {
+  switch (static_cast<OpKind>(kind)) {
+    case OpKind::allreduce: return "allreduce";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::allgather: return "allgather";
+    case OpKind::allgatherv: return "allgatherv";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::coalesced: return "allreduce_coalesced";
+    case OpKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+std::string Descriptor::str() const {
+  std::ostringstream text;
+  text << op_kind_name(kind) << " #" << seq;
+  if (op >= 0) text << " (" << reduce_op_name(static_cast<ReduceOp>(op)) << ")";
+  if (root >= 0) text << " root " << root;
+  text << ", " << dtype_name(static_cast<DType>(dtype)) << " x " << count;
+  return text.str();
+}
+
+void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& all, int my_rank) {
+  for (std::size_t other = 0; other < all.size(); ++other) {
+    if (!(all[other] == mine)) {
+      detail::throw_error("collective mismatch: this rank (", my_rank, ") runs ", mine.str(), ", rank ", other,
+                          " runs ", all[other].str());
+    }
+  }
+}
+
+void require_device(const Communicator& comm, const char* op, const Tensor& tensor) {
+  GRADSYNC_CHECK(tensor.defined(), op, ": empty tensor handle");
+  if (comm.device_type().is_cpu()) {
+    GRADSYNC_CHECK(tensor.device().is_cpu(), op, ": the ", comm.backend(), " communicator handles CPU tensors, got ",
+                   tensor.describe(), " (CUDA tensors go through the NCCL backend)");
+  } else {
+    GRADSYNC_CHECK(tensor.device() == comm.device_type(), op, ": the ", comm.backend(), " communicator of rank ",
+                   comm.rank(), " handles tensors on ", comm.device_type().str(), ", got ", tensor.describe(),
+                   tensor.device().is_cpu() ? " (CPU tensors go through the MPI or Gloo backend)" : "");
+  }
+}
+
+void require_rank(const Communicator& comm, const char* op, int value, const char* what) {
+  GRADSYNC_CHECK(value >= 0 && value < comm.size(), op, ": ", what, " ", value, " is not a rank of this ", comm.size(),
+                 "-rank communicator");
+}
+
+void require_peer(const Communicator& comm, const char* op, int peer) {
+  require_rank(comm, op, peer, "peer");
+  GRADSYNC_CHECK(peer != comm.rank(), op, ": rank ", comm.rank(), " cannot exchange with itself");
+}
+
+void require_reducible(const char* op, ReduceOp reduce, const Tensor& tensor) {
+  GRADSYNC_CHECK(reduce != ReduceOp::avg || is_floating(tensor.dtype()), op, ": avg of ", tensor.describe(),
+                 " is not defined for integers (use sum)");
+}
+
+void require_allgather(const Communicator& comm, const Tensor& input, const Tensor& output) {
+  require_device(comm, "allgather", input);
+  require_device(comm, "allgather", output);
+  GRADSYNC_CHECK(input.dtype() == output.dtype() && output.numel() == input.numel() * comm.size(), "allgather: output ",
+                 output.describe(), " must hold ", comm.size(), " x ", input.describe());
+}
+
+std::int64_t require_allgatherv(const Communicator& comm, const Tensor& input, const Tensor& output,
+                                const std::vector<std::int64_t>& counts) {
+  require_device(comm, "allgatherv", input);
+  require_device(comm, "allgatherv", output);
+  const auto me = static_cast<std::size_t>(comm.rank());
+  GRADSYNC_CHECK(static_cast<int>(counts.size()) == comm.size(), "allgatherv: ", counts.size(), " counts for ",
+                 comm.size(), " ranks");
+  GRADSYNC_CHECK(counts[me] == input.numel(), "allgatherv: counts[", comm.rank(), "] = ", counts[me],
+                 " but this rank's input is ", input.describe());
+  std::int64_t total = 0;
+  for (const std::int64_t count : counts) {
+    GRADSYNC_CHECK(count >= 0, "allgatherv: negative count ", count);
+    total += count;
+  }
+  GRADSYNC_CHECK(input.dtype() == output.dtype() && output.numel() == total, "allgatherv: output ", output.describe(),
+                 " must hold ", total, " elements of ", dtype_name(input.dtype()));
+  return total;
+}
+
+void require_reduce_scatter(const Communicator& comm, const Tensor& input, const Tensor& output, ReduceOp op) {
+  require_device(comm, "reduce_scatter", input);
+  require_device(comm, "reduce_scatter", output);
+  GRADSYNC_CHECK(input.dtype() == output.dtype() && input.numel() == output.numel() * comm.size(),
+                 "reduce_scatter: input ", input.describe(), " must hold ", comm.size(), " x ", output.describe());
+  require_reducible("reduce_scatter", op, input);
+}
+
+std::int64_t require_coalesced(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op) {
+  GRADSYNC_CHECK(!tensors.empty(), "allreduce_coalesced: no tensors");
+  std::int64_t total = 0;
+  for (const Tensor& tensor : tensors) {
+    require_device(comm, "allreduce_coalesced", tensor);
+    GRADSYNC_CHECK(tensor.dtype() == tensors[0].dtype(), "allreduce_coalesced: mixed dtypes ", tensors[0].describe(),
+                   " and ", tensor.describe());
+    total += tensor.numel();
+  }
+  require_reducible("allreduce_coalesced", op, tensors[0]);
+  return total;
+}
+
+std::string describe_p2p(const char* op, std::int64_t sequence, const Tensor& tensor, int peer, int tag) {
+  std::ostringstream text;
+  text << op << " p2p#" << sequence << " (" << (std::string(op) == "send" ? "to" : "from") << " rank " << peer
+       << ", tag " << tag << ", " << dtype_name(tensor.dtype()) << " x " << tensor.numel() << ")";
+  return text.str();
+}
+
+}  // namespace gradsync::comm

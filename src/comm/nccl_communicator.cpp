@@ -1,0 +1,408 @@
+// The NCCL communicator: CUDA tensors, one GPU per rank (gradsync/comm/nccl.h).
+//
+// Each operation: check the arguments (collective.h, shared with the CPU communicators),
+// record an event on the caller's stream, make our communication stream wait for it, queue
+// the NCCL call on the communication stream, record a completion event. Work::wait polls that
+// event together with ncclCommGetAsyncError, and aborts the communicator on timeout or error.
+// The communicator is non-blocking (ncclConfig_t::blocking = 0): a call may answer
+// ncclInProgress, and `settle` polls until NCCL has accepted it, under the same timeout, so
+// that not even initialization can block forever.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "collective.h"
+#include "core/cuda_check.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/comm/nccl.h"
+#include "gradsync/core/device.h"
+
+namespace gradsync::comm {
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;  // native since NCCL 2.10: no separate division
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::prod: return ncclProd;
+  }
+  return ncclSum;
+}
+
+// Shared by the communicator and its Work handles: the NCCL communicator, its stream, and
+// the broken state. Polling and aborting happen here, whoever waits.
+class NcclState {
+ public:
+  NcclState(int rank, int size, int device, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+
+  ~NcclState() {
+    cudaSetDevice(device_);
+    if (comm_ != nullptr) {
+      // Finalize flushes outstanding work; if it fails or does not settle in time, abort.
+      ncclResult_t state = ncclCommFinalize(comm_);
+      const auto start = std::chrono::steady_clock::now();
+      while (state == ncclInProgress && std::chrono::steady_clock::now() - start < timeout_) {
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+        std::this_thread::yield();
+      }
+      if (state == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+
+  void check(ncclResult_t result, const std::string& what) {
+    if (result == ncclSuccess) return;
+    if (result == ncclInProgress) return settle(what);
+    fail(what + " failed: " + ncclGetErrorString(result) + " (" + ncclGetLastError(comm_) + ")");
+  }
+
+  // Polls until NCCL has finished accepting the last call (non-blocking mode), or the timeout.
+  void settle(const std::string& what) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+      if (query != ncclSuccess) fail(what + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(query));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(what + " failed asynchronously: " + ncclGetErrorString(state));
+      if (std::chrono::steady_clock::now() - start > timeout_) {
+        fail(what + " was not accepted by NCCL within " + std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // Waits for `done` on the GPU. Polls the event and NCCL's asynchronous error state.
+  void wait_event(cudaEvent_t done, const std::string& what, std::chrono::milliseconds timeout) {
+    const auto limit = timeout.count() > 0 ? timeout : timeout_;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(done);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) {
+        fail(what + ": CUDA reported " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+      }
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
+        fail(what + " failed asynchronously: " + ncclGetErrorString(state));
+      }
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      if (elapsed > limit) {
+        fail(what + " did not complete within " + std::to_string(limit.count()) +
+             " ms: a peer may have skipped it, be stuck, or have died");
+      }
+      if (elapsed > std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  // Marks the communicator broken, aborts it (so that GPU kernels waiting for peers end and
+  // no rank blocks forever), and throws.
+  [[noreturn]] void fail(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (broken_.empty()) {
+        broken_ = message;
+        if (comm_ != nullptr) ncclCommAbort(comm_);
+        comm_ = nullptr;
+      }
+    }
+    throw Error("nccl: " + message);
+  }
+
+  void require_usable(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) {
+      detail::throw_error(what, ": the nccl communicator is broken by an earlier failure: ", broken_);
+    }
+  }
+
+  int rank_;
+  int size_;
+  int device_;
+  std::chrono::milliseconds timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;  // barrier and agreement-check payloads
+  std::mutex mutex_;
+  std::string broken_;
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, std::string description)
+      : state_(std::move(state)), description_(std::move(description)) {
+    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
+  void wait(std::chrono::milliseconds timeout) override {
+    if (waited_) return;
+    state_->wait_event(done_, description_, timeout);
+    waited_ = true;
+  }
+  const std::string& description() const override { return description_; }
+  cudaEvent_t event() const { return done_; }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  std::string description_;
+  cudaEvent_t done_ = nullptr;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, const CommOptions& options, int device)
+      : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout))) {
+    const char* debug = std::getenv("GRADSYNC_DEBUG_COLLECTIVES");
+    check_agreement_ = options.check_agreement || (debug != nullptr && std::string(debug) == "1");
+    GRADSYNC_CUDA_CHECK(cudaSetDevice(device));
+
+    // Rank 0 creates the id; the bootstrap communicator carries it to everyone.
+    ncclUniqueId id{};
+    if (bootstrap.rank() == 0) {
+      const ncclResult_t result = ncclGetUniqueId(&id);
+      GRADSYNC_CHECK(result == ncclSuccess, "ncclGetUniqueId failed: ", ncclGetErrorString(result));
+    }
+    static_assert(sizeof(ncclUniqueId) % sizeof(std::int32_t) == 0);
+    Tensor id_words = Tensor::wrap(&id, {static_cast<std::int64_t>(sizeof(id) / sizeof(std::int32_t))}, DType::i32);
+    bootstrap.broadcast(id_words, 0);
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t result = ncclCommInitRankConfig(&state_->comm_, state_->size_, id, state_->rank_, &config);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      detail::throw_error("ncclCommInitRankConfig (rank ", state_->rank_, " of ", state_->size_, ", cuda:", device,
+                          ") failed: ", ncclGetErrorString(result));
+    }
+    state_->settle("ncclCommInitRankConfig (rank " + std::to_string(state_->rank_) + " of " +
+                   std::to_string(state_->size_) + ")");
+    GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
+    GRADSYNC_CUDA_CHECK(cudaMalloc(&state_->scratch_, sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1)));
+  }
+
+  int rank() const override { return state_->rank_; }
+  int size() const override { return state_->size_; }
+  const char* backend() const override { return "nccl"; }
+  Device device_type() const override { return Device::cuda(state_->device_); }
+
+  WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) override {
+    require_device(*this, "allreduce", tensor);
+    require_reducible("allreduce", op, tensor);
+    return launch(Descriptor::of(OpKind::allreduce, tensor.dtype(), tensor.numel(), -1, static_cast<std::int64_t>(op)),
+                  [&](const std::string& what) {
+                    state_->check(ncclAllReduce(tensor.data(), tensor.data(), static_cast<size_t>(tensor.numel()),
+                                                nccl_type(tensor.dtype()), nccl_op(op), state_->comm_, state_->stream_),
+                                  what);
+                  });
+  }
+
+  WorkHandle broadcast_async(Tensor& tensor, int root) override {
+    require_device(*this, "broadcast", tensor);
+    require_rank(*this, "broadcast", root, "root");
+    return launch(Descriptor::of(OpKind::broadcast, tensor.dtype(), tensor.numel(), root), [&](const std::string& what) {
+      state_->check(ncclBroadcast(tensor.data(), tensor.data(), static_cast<size_t>(tensor.numel()),
+                                  nccl_type(tensor.dtype()), root, state_->comm_, state_->stream_),
+                    what);
+    });
+  }
+
+  WorkHandle allgather_async(const Tensor& input, Tensor& output) override {
+    require_allgather(*this, input, output);
+    return launch(Descriptor::of(OpKind::allgather, input.dtype(), input.numel()), [&](const std::string& what) {
+      state_->check(ncclAllGather(input.data(), output.data(), static_cast<size_t>(input.numel()),
+                                  nccl_type(input.dtype()), state_->comm_, state_->stream_),
+                    what);
+    });
+  }
+
+  WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override {
+    const std::int64_t total = require_allgatherv(*this, input, output, counts);
+    // NCCL has no allgatherv: one broadcast per rank into its slice, grouped into one launch.
+    return launch(Descriptor::of(OpKind::allgatherv, input.dtype(), total), [&](const std::string& what) {
+      const std::size_t element = dtype_size(input.dtype());
+      state_->check(ncclGroupStart(), what);
+      std::size_t offset = 0;
+      for (int root = 0; root < size(); ++root) {
+        const auto count = static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]);
+        void* slice = static_cast<char*>(output.data()) + offset * element;
+        state_->check(ncclBroadcast(root == rank() ? input.data() : slice, slice, count, nccl_type(input.dtype()), root,
+                                    state_->comm_, state_->stream_),
+                      what);
+        offset += count;
+      }
+      state_->check(ncclGroupEnd(), what);
+    });
+  }
+
+  WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
+    require_reduce_scatter(*this, input, output, op);
+    return launch(Descriptor::of(OpKind::reduce_scatter, input.dtype(), input.numel(), -1, static_cast<std::int64_t>(op)),
+                  [&](const std::string& what) {
+                    state_->check(ncclReduceScatter(input.data(), output.data(), static_cast<size_t>(output.numel()),
+                                                    nccl_type(input.dtype()), nccl_op(op), state_->comm_, state_->stream_),
+                                  what);
+                  });
+  }
+
+  WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) override {
+    const std::int64_t total = require_coalesced(*this, tensors, op);
+    // NCCL fuses the calls of a group into one launch: no flat copy is needed.
+    return launch(Descriptor::of(OpKind::coalesced, tensors[0].dtype(), total, -1, static_cast<std::int64_t>(op)),
+                  [&](const std::string& what) {
+                    state_->check(ncclGroupStart(), what);
+                    for (Tensor& tensor : tensors) {
+                      state_->check(ncclAllReduce(tensor.data(), tensor.data(), static_cast<size_t>(tensor.numel()),
+                                                  nccl_type(tensor.dtype()), nccl_op(op), state_->comm_, state_->stream_),
+                                    what);
+                    }
+                    state_->check(ncclGroupEnd(), what);
+                  });
+  }
+
+  WorkHandle barrier_async() override {
+    return launch(Descriptor::of(OpKind::barrier, DType::f32, 0), [&](const std::string& what) {
+      state_->check(ncclAllReduce(state_->scratch_, state_->scratch_, 1, ncclInt32, ncclSum, state_->comm_, state_->stream_),
+                    what);
+    });
+  }
+
+  // NCCL matches point-to-point calls in order per peer; it has no tags, so `tag` only names
+  // the operation in messages.
+  WorkHandle send_async(const Tensor& tensor, int peer, int tag) override {
+    require_device(*this, "send", tensor);
+    require_peer(*this, "send", peer);
+    return launch_p2p(describe_p2p("send", p2p_sequence_++, tensor, peer, tag), [&](const std::string& what) {
+      state_->check(ncclSend(tensor.data(), tensor.nbytes(), ncclInt8, peer, state_->comm_, state_->stream_), what);
+    });
+  }
+
+  WorkHandle recv_async(Tensor& tensor, int peer, int tag) override {
+    require_device(*this, "recv", tensor);
+    require_peer(*this, "recv", peer);
+    return launch_p2p(describe_p2p("recv", p2p_sequence_++, tensor, peer, tag), [&](const std::string& what) {
+      state_->check(ncclRecv(tensor.data(), tensor.nbytes(), ncclInt8, peer, state_->comm_, state_->stream_), what);
+    });
+  }
+
+ private:
+  template <typename Enqueue>
+  WorkHandle launch(Descriptor descriptor, Enqueue&& enqueue) {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    descriptor.seq = collective_sequence_++;
+    const std::string what = descriptor.str();
+    state_->require_usable(what);
+    GRADSYNC_CUDA_CHECK(cudaSetDevice(state_->device_));
+    order_after_caller();
+    if (check_agreement_) check_agreement(descriptor, what);
+    if (descriptor.count > 0 || descriptor.kind == static_cast<std::int64_t>(OpKind::barrier)) enqueue(what);
+    return finish(what);
+  }
+
+  template <typename Enqueue>
+  WorkHandle launch_p2p(const std::string& what, Enqueue&& enqueue) {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    state_->require_usable(what);
+    GRADSYNC_CUDA_CHECK(cudaSetDevice(state_->device_));
+    order_after_caller();
+    enqueue(what);
+    return finish(what);
+  }
+
+  // The communication stream waits for everything the caller queued on the default stream
+  // (where gradsync's kernels write gradients) before this operation.
+  void order_after_caller() {
+    cudaEvent_t ready = nullptr;
+    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    GRADSYNC_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
+    GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(state_->stream_, ready, 0));
+    GRADSYNC_CUDA_CHECK(cudaEventDestroy(ready));  // destruction is deferred until the wait is satisfied
+  }
+
+  WorkHandle finish(const std::string& what) {
+    auto work = std::make_shared<NcclWork>(state_, what);
+    GRADSYNC_CUDA_CHECK(cudaEventRecord(work->event(), state_->stream_));
+    return work;
+  }
+
+  // Debug mode: an allgather of every rank's descriptor, read back on the host.
+  void check_agreement(const Descriptor& mine, const std::string& what) {
+    auto* device_words = static_cast<Descriptor*>(state_->scratch_);
+    GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(device_words + size(), &mine, sizeof(Descriptor), cudaMemcpyHostToDevice,
+                                        state_->stream_));
+    state_->check(ncclAllGather(device_words + size(), device_words, kDescriptorWords, ncclInt64, state_->comm_,
+                                state_->stream_),
+                  what + " (agreement check)");
+    std::vector<Descriptor> all(static_cast<std::size_t>(size()));
+    GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(all.data(), device_words, sizeof(Descriptor) * all.size(),
+                                        cudaMemcpyDeviceToHost, state_->stream_));
+    cudaEvent_t copied = nullptr;
+    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    GRADSYNC_CUDA_CHECK(cudaEventRecord(copied, state_->stream_));
+    try {
+      state_->wait_event(copied, what + " (agreement check)", std::chrono::milliseconds{0});
+    } catch (...) {
+      cudaEventDestroy(copied);
+      throw;
+    }
+    cudaEventDestroy(copied);
+    require_agreement(mine, all, rank());
+  }
+
+  std::shared_ptr<NcclState> state_;
+  bool check_agreement_ = false;
+  std::mutex launch_mutex_;
+  std::int64_t collective_sequence_ = 0;
+  std::int64_t p2p_sequence_ = 0;
+};
+
+}  // namespace
+
+bool nccl_available() { return cuda_device_count() > 0; }
+
+std::string nccl_unavailable_reason() {
+  return cuda_device_count() > 0 ? "" : cuda_unavailable_reason();
+}
+
+std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap, const CommOptions& options, int device) {
+  GRADSYNC_CHECK(bootstrap.device_type().is_cpu(), "nccl_communicator: bootstrap over a CPU communicator (MPI or Gloo), got ",
+                 bootstrap.backend());
+  const int devices = cuda_device_count();
+  GRADSYNC_CHECK(devices > 0, "nccl_communicator (rank ", bootstrap.rank(), "): ", cuda_unavailable_reason());
+  if (device < 0) device = local_rank_from_environment(bootstrap.rank()) % devices;
+  GRADSYNC_CHECK(device < devices, "nccl_communicator (rank ", bootstrap.rank(), "): cuda:", device,
+                 " does not exist; ", devices, " device(s) visible");
+  return std::make_unique<NcclCommunicator>(bootstrap, options, device);
+}
+
+}  // namespace gradsync::comm

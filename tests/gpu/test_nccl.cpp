@@ -1,0 +1,92 @@
+// The NCCL communicator on one GPU (world size 1: NCCL refuses two ranks on one device; the
+// multi-rank logic above the Communicator interface is proven on the CPU backends). Every
+// test skips with the reason when NCCL or a GPU is missing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "comm_checks.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/nccl.h"
+#include "test_util.h"
+
+namespace gradsync {
+namespace {
+
+using namespace std::chrono_literals;
+
+class Nccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!comm::nccl_available()) GTEST_SKIP() << "skipped: " << comm::nccl_unavailable_reason();
+  }
+  // A world of one: the bootstrap needs no network.
+  static std::unique_ptr<comm::Communicator> world(bool debug = false) {
+    auto bootstrap = comm::gloo_tcp_store("127.0.0.1", 0, 0, 1);
+    return comm::nccl_communicator(*bootstrap, {.timeout = 30000ms, .check_agreement = debug}, 0);
+  }
+};
+
+TEST_F(Nccl, EveryCollectiveEveryDType) {
+  auto comm = world();
+  EXPECT_EQ(std::string(comm->backend()), "nccl");
+  EXPECT_EQ(comm->device_type(), Device::cuda(0));
+  testing::check_collectives(*comm, {0, 1, 7, 1000, 1 << 20});
+}
+
+TEST_F(Nccl, DebugModeAgreementCheckRuns) {
+  auto comm = world(/*debug=*/true);
+  testing::check_collectives(*comm, {1, 33}, {DType::f32, DType::bf16});
+}
+
+TEST_F(Nccl, ManyInFlightOperationsCompleteInOrder) {
+  auto comm = world();
+  std::vector<Tensor> tensors;
+  std::vector<comm::WorkHandle> works;
+  for (int i = 0; i < 64; ++i) {
+    tensors.push_back(testing::filled(1000 + i, DType::f32, [i](std::int64_t j) { return static_cast<double>(i + j); },
+                                      Device::cuda(0)));
+    works.push_back(comm->allreduce_async(tensors.back(), comm::ReduceOp::sum));
+  }
+  works.back()->wait();  // a wait on the last one: the stream has run all the others first
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_TRUE(works[static_cast<std::size_t>(i)]->is_completed()) << i;
+    const auto values = tensors[static_cast<std::size_t>(i)].to_double_vector();
+    EXPECT_EQ(values[5], i + 5.0);
+  }
+}
+
+TEST_F(Nccl, OrderedAfterTheCallersStream) {
+  // A kernel queued on the default stream before the allreduce must be visible to it.
+  auto comm = world();
+  Tensor t = Tensor::zeros({1 << 22}, DType::f32, Device::cuda(0));
+  ops::fill(t, 3.0);
+  comm->allreduce(t, comm::ReduceOp::max);
+  EXPECT_EQ(t.to_double_vector()[(1 << 22) - 1], 3.0);
+}
+
+TEST_F(Nccl, WrongDeviceIsAClearError) {
+  auto comm = world();
+  Tensor host = Tensor::zeros({4}, DType::f32);
+  EXPECT_GRADSYNC_ERROR(comm->allreduce(host, comm::ReduceOp::sum), "allreduce", "nccl",
+                        "CPU tensors go through the MPI or Gloo backend");
+  Tensor ints = Tensor::zeros({4}, DType::i32, Device::cuda(0));
+  EXPECT_GRADSYNC_ERROR(comm->allreduce(ints, comm::ReduceOp::avg), "avg", "not defined for integers");
+}
+
+TEST(NcclBackendChoice, AutoPicksNcclForCudaTensorsWhenAGpuIsThere) {
+  if (!comm::nccl_available()) GTEST_SKIP() << "skipped: " << comm::nccl_unavailable_reason();
+  EXPECT_EQ(comm::choose_backend("auto", Device::cuda(0)), "nccl");
+  EXPECT_EQ(comm::choose_backend("auto", Device::cpu()) == "nccl", false);
+}
+
+TEST(GlooWithCudaTensors, IsAClearError) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason();
+  auto comm = comm::gloo_tcp_store("127.0.0.1", 0, 0, 1);
+  Tensor device_tensor = Tensor::zeros({4}, DType::f32, Device::cuda(0));
+  EXPECT_GRADSYNC_ERROR(comm->allreduce(device_tensor, comm::ReduceOp::sum), "CUDA tensors go through the NCCL backend");
+}
+
+}  // namespace
+}  // namespace gradsync
