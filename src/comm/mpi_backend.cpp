@@ -1,12 +1,20 @@
 // The MPI backend: MPI's nonblocking collectives, polled until done or until the timeout,
 // so that no call blocks forever. f16/bf16 reduce through user-defined MPI operations that
 // combine in f32 (src/comm/reduce_functions.cpp); avg is sum then a division.
+//
+// Large allreduces run our own ring (reduce-scatter, then allgather) over nonblocking
+// point-to-point messages instead of MPI_Iallreduce: Open MPI's nonblocking allreduce (libnbc)
+// sends the whole buffer at every step, where the ring moves 2(n-1)/n of it in total and
+// reduces one segment while the next is in flight. That is what the blocking MPI_Allreduce
+// does for large messages, and it keeps the timeout (bench_collectives, docs/communication.md).
 // The C API only: the deprecated C++ bindings do not compile cleanly under -Werror.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
+#include <vector>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -104,6 +112,9 @@ class MpiBackend final : public Backend {
  public:
   MpiBackend() {
     GRADSYNC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    // The ring's messages travel on their own communicator: they can never match a user's send.
+    GRADSYNC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &ring_comm_));
+    GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN));
     GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     GRADSYNC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     GRADSYNC_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -111,7 +122,10 @@ class MpiBackend final : public Backend {
   ~MpiBackend() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && !broken_) MPI_Comm_free(&comm_);
+    if (!finalized && !broken_) {
+      MPI_Comm_free(&ring_comm_);
+      MPI_Comm_free(&comm_);
+    }
   }
 
   const char* name() const override { return "mpi"; }
@@ -120,6 +134,9 @@ class MpiBackend final : public Backend {
   void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
 
   void allreduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
+    if (size_ > 1 && static_cast<std::size_t>(count) * dtype_size(dtype) >= kRingThresholdBytes) {
+      return ring_allreduce(static_cast<std::byte*>(data), count, dtype, op);
+    }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, int_count(count, "allreduce"), mpi_type(dtype),
                                       mpi_op(dtype, op), comm_, &request));
@@ -182,6 +199,70 @@ class MpiBackend final : public Backend {
   }
 
  private:
+  static constexpr std::size_t kRingThresholdBytes = 32 << 10;
+  static constexpr std::size_t kMinSegmentBytes = 16 << 10;
+  static constexpr std::size_t kMaxSegmentBytes = 1 << 20;
+
+  // Ring allreduce. Chunk c of the buffer is elements [c*count/n, (c+1)*count/n). In step s of
+  // the reduce-scatter, rank r sends chunk (r-s) to its right neighbour and receives chunk
+  // (r-s-1) from its left, reducing it into its own copy; after n-1 steps rank r holds the
+  // final chunk (r+1). The allgather then passes the final chunks around the ring. Chunks are
+  // cut into segments so the reduction of one overlaps the transfer of the next.
+  void ring_allreduce(std::byte* data, std::int64_t count, DType dtype, ReduceOp op) {
+    const int n = size_;
+    const int right = (rank_ + 1) % n;
+    const int left = (rank_ + n - 1) % n;
+    const std::size_t element = dtype_size(dtype);
+    const auto chunk_begin = [&](int chunk) { return static_cast<std::size_t>(count * chunk / n) * element; };
+    const auto chunk_bytes = [&](int chunk) { return chunk_begin(chunk + 1) - chunk_begin(chunk); };
+    const auto wrap = [n](int chunk) { return ((chunk % n) + n) % n; };
+    const ReduceFunction reduce = reduce_function(dtype, op);
+    // Two segments per chunk at least, so the pipeline fills, within bounds that keep the
+    // per-message overhead small and the messages in flight few.
+    const std::size_t segment =
+        std::clamp(chunk_bytes(n - 1) / 2, kMinSegmentBytes, kMaxSegmentBytes) / element * element;
+    scratch_.resize(chunk_bytes(n - 1) + element);  // the largest chunk
+
+    for (int step = 0; step < n - 1; ++step) {
+      const int send_chunk = wrap(rank_ - step);
+      const int recv_chunk = wrap(rank_ - step - 1);
+      std::vector<MPI_Request> receives = post_segments(scratch_.data(), chunk_bytes(recv_chunk), segment, left, true);
+      std::vector<MPI_Request> sends = post_segments(data + chunk_begin(send_chunk), chunk_bytes(send_chunk), segment, right, false);
+      std::byte* target = data + chunk_begin(recv_chunk);
+      for (std::size_t i = 0; i < receives.size(); ++i) {
+        complete(receives[i], "ring allreduce (reduce-scatter receive)");
+        const std::size_t offset = i * segment;
+        const std::size_t bytes = std::min(segment, chunk_bytes(recv_chunk) - offset);
+        reduce(target + offset, target + offset, scratch_.data() + offset, bytes / element);
+      }
+      for (MPI_Request& request : sends) complete(request, "ring allreduce (reduce-scatter send)");
+    }
+    for (int step = 0; step < n - 1; ++step) {
+      const int send_chunk = wrap(rank_ + 1 - step);
+      const int recv_chunk = wrap(rank_ - step);
+      std::vector<MPI_Request> receives = post_segments(data + chunk_begin(recv_chunk), chunk_bytes(recv_chunk), segment, left, true);
+      std::vector<MPI_Request> sends = post_segments(data + chunk_begin(send_chunk), chunk_bytes(send_chunk), segment, right, false);
+      for (MPI_Request& request : receives) complete(request, "ring allreduce (allgather receive)");
+      for (MPI_Request& request : sends) complete(request, "ring allreduce (allgather send)");
+    }
+  }
+
+  // Posts one nonblocking message per segment of [data, data + bytes).
+  std::vector<MPI_Request> post_segments(std::byte* data, std::size_t bytes, std::size_t segment, int peer, bool receive) {
+    std::vector<MPI_Request> requests;
+    for (std::size_t offset = 0; offset < bytes; offset += segment) {
+      const int length = static_cast<int>(std::min(segment, bytes - offset));
+      MPI_Request request;
+      if (receive) {
+        GRADSYNC_MPI_CHECK(MPI_Irecv(data + offset, length, MPI_BYTE, peer, 0, ring_comm_, &request));
+      } else {
+        GRADSYNC_MPI_CHECK(MPI_Isend(data + offset, length, MPI_BYTE, peer, 0, ring_comm_, &request));
+      }
+      requests.push_back(request);
+    }
+    return requests;
+  }
+
   // Polls the request until it completes or the timeout passes. Nonblocking collectives
   // progress only inside MPI calls, so the thread keeps calling MPI_Test, yielding the core
   // between calls (on an oversubscribed machine the peer ranks need it), and sleeps only once
@@ -206,6 +287,8 @@ class MpiBackend final : public Backend {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  std::vector<std::byte> scratch_;  // the ring's receive buffer, kept between calls
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_{300000};

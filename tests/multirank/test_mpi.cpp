@@ -18,7 +18,8 @@ TEST(Mpi, LaunchedByMpirun) {
   EXPECT_GE(world().size(), 1);
 }
 
-TEST(Mpi, EveryCollectiveEveryDType) { testing::check_collectives(world(), {0, 1, 7, 1 << 20}); }
+// 100003 elements: chunks of unequal size in the ring allreduce.
+TEST(Mpi, EveryCollectiveEveryDType) { testing::check_collectives(world(), {0, 1, 7, 100003, 1 << 20}); }
 
 TEST(Mpi, ManyInFlightOperationsCompleteInOrder) {
   comm::Communicator& comm = world();
