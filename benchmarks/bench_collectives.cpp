@@ -1,23 +1,40 @@
 // bench_collectives: allreduce, allgather and broadcast from 4 B to 64 MiB (--max-bytes for
 // more), reported as nccl-tests does: time per operation, algbw = bytes / time, and busbw
 // (allreduce: algbw * 2(n-1)/n; allgather: algbw * (n-1)/n, bytes = the gathered output;
-// broadcast: algbw). With MPI the same sizes also go through the raw MPI call
-// (MPI_Allreduce, MPI_Allgather, MPI_Bcast) in the same run, and the last column is
-// gradsync's time over the raw time: the cost of our layer (communication thread, Work
-// handle, validation).
+// broadcast: algbw). In the same run the same sizes go through the raw library call with no
+// gradsync layer (MPI_Allreduce / gloo::allreduce / ncclAllReduce, and the allgather and
+// broadcast of each), and the "ours/raw" column is the cost of our layer. With --torch FILE
+// (written by benchmarks/torch_collectives.py: torch.distributed on gloo, same ranks and
+// sizes) two more columns compare with PyTorch.
 //
 //   mpirun -np 2 build/benchmarks/bench_collectives --backend mpi
-//   build/benchmarks/bench_collectives --backend gloo --ranks 2      (ranks as threads)
+//   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo
+//   benchmarks/compare_collectives.sh 2        (all of it, with the torch columns)
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
 #include <mpi.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 
 #include "bench_common.h"
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/connect.h"
 #include "gradsync/comm/mpi.h"
+#include "gradsync/config.h"
+#if GRADSYNC_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 
 using namespace gradsync;
 
@@ -32,64 +49,170 @@ double bus_factor(Op op, int n) {
   return 1.0;
 }
 
-// Average seconds per call over `iterations`, after a warm-up, between barriers; the
-// slowest rank's figure (an allreduce of max), since a collective is as fast as its last rank.
+// The raw library's calls on the same buffers, with no gradsync layer.
+struct RawCalls {
+  std::function<void(Tensor&)> allreduce;
+  std::function<void(const Tensor&, Tensor&)> allgather;
+  std::function<void(Tensor&)> broadcast;
+};
+
+RawCalls raw_mpi() {
+  return {
+      [](Tensor& t) { MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+      [](const Tensor& in, Tensor& out) {
+        MPI_Allgather(in.data(), static_cast<int>(in.numel()), MPI_FLOAT, out.data(), static_cast<int>(in.numel()),
+                      MPI_FLOAT, MPI_COMM_WORLD);
+      },
+      [](Tensor& t) { MPI_Bcast(t.data(), static_cast<int>(t.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD); }};
+}
+
+// A Gloo context of its own, meeting through a folder named after the rendezvous port.
+RawCalls raw_gloo(int rank, int size) {
+  const std::string folder = "/tmp/gradsync-bench-gloo-" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0");
+  std::filesystem::create_directories(folder);
+  gloo::rendezvous::FileStore store(folder);
+  gloo::transport::tcp::attr attributes;
+  attributes.hostname = "127.0.0.1";
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  auto device = gloo::transport::tcp::CreateDevice(attributes);
+  context->connectFullMesh(store, device);
+  auto tag = std::make_shared<std::uint32_t>(0);
+  return {[context, tag](Tensor& t) {
+            gloo::AllreduceOptions options(context);
+            options.setOutput(t.data_as<float>(), static_cast<size_t>(t.numel()));
+            options.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+            options.setTag((*tag)++);
+            gloo::allreduce(options);
+          },
+          [context, tag](const Tensor& in, Tensor& out) {
+            gloo::AllgatherOptions options(context);
+            options.setInput(in.data_as<float>(), static_cast<size_t>(in.numel()));
+            options.setOutput(out.data_as<float>(), static_cast<size_t>(out.numel()));
+            options.setTag((*tag)++);
+            gloo::allgather(options);
+          },
+          [context, tag](Tensor& t) {
+            gloo::BroadcastOptions options(context);
+            options.setOutput(t.data_as<float>(), static_cast<size_t>(t.numel()));
+            options.setRoot(0);
+            options.setTag((*tag)++);
+            gloo::broadcast(options);
+          }};
+}
+
+#if GRADSYNC_WITH_NCCL
+// A second NCCL communicator, made with the plain NCCL API; calls are synchronized so that
+// they are timed like our blocking forms.
+RawCalls raw_nccl(comm::Communicator& ours) {
+  ncclUniqueId id{};
+  if (ours.rank() == 0) ncclGetUniqueId(&id);
+  Tensor id_bytes = Tensor::from_vector(std::vector<float>(sizeof(id) / 4), {static_cast<std::int64_t>(sizeof(id) / 4)})
+                        .to(ours.device_type());
+  Tensor host = Tensor::wrap(&id, {static_cast<std::int64_t>(sizeof(id) / 4)}, DType::f32);
+  id_bytes.copy_from(host);
+  ours.broadcast(id_bytes, 0);
+  host.copy_from(id_bytes);
+  auto comm = std::make_shared<ncclComm_t>();
+  if (ncclCommInitRank(comm.get(), ours.size(), id, ours.rank()) != ncclSuccess) throw Error("raw ncclCommInitRank failed");
+  auto stream = std::make_shared<cudaStream_t>();
+  cudaStreamCreateWithFlags(stream.get(), cudaStreamNonBlocking);
+  return {[comm, stream](Tensor& t) {
+            ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, *comm, *stream);
+            cudaStreamSynchronize(*stream);
+          },
+          [comm, stream](const Tensor& in, Tensor& out) {
+            ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), ncclFloat32, *comm, *stream);
+            cudaStreamSynchronize(*stream);
+          },
+          [comm, stream](Tensor& t) {
+            ncclBroadcast(t.data(), t.data(), static_cast<size_t>(t.numel()), ncclFloat32, 0, *comm, *stream);
+            cudaStreamSynchronize(*stream);
+          }};
+}
+#endif
+
+// torch.distributed's times, microseconds by (op, bytes), from torch_collectives.py.
+using TorchTable = std::map<std::pair<std::string, std::int64_t>, double>;
+TorchTable read_torch_table(const std::string& path) {
+  TorchTable table;
+  if (path.empty()) return table;
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read the torch table " + path);
+  std::string op;
+  std::int64_t bytes = 0;
+  double microseconds = 0;
+  while (in >> op >> bytes >> microseconds) table[{op, bytes}] = microseconds;
+  return table;
+}
+
+// Average seconds per call over `iterations`, best of three rounds (the least disturbed by
+// other work on the machine), after a warm-up, between barriers; the slowest rank's figure
+// (an allreduce of max), since a collective is as fast as its last rank.
 double time_calls(comm::Communicator& comm, int iterations, const std::function<void()>& call) {
   call();
-  comm.barrier();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) call();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
-  Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
+  synchronize(comm.device_type());
+  double seconds = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) call();
+    synchronize(comm.device_type());
+    seconds = std::min(seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations);
+  }
+  Tensor slowest = Tensor::from_vector(std::vector<float>{static_cast<float>(seconds)}, {1}).to(comm.device_type());
   comm.allreduce(slowest, comm::ReduceOp::max);
   return slowest.to_double_vector()[0];
 }
 
-void sweep(comm::Communicator& comm, std::int64_t max_bytes, bool raw_mpi) {
+void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw, const TorchTable& torch) {
   const int n = comm.size();
+  const Device device = comm.device_type();
   if (comm.rank() == 0) {
-    std::printf("\n%s, %d ranks%s\n", comm.backend(), n, raw_mpi ? " (raw: the MPI call itself)" : "");
-    std::printf("%-10s %12s %10s %10s %10s %10s %12s\n", "op", "bytes", "time us", "algbw GB/s", "busbw GB/s",
-                "raw us", "ours/raw");
+    std::printf("\n%s, %d ranks, f32 sum; raw = the library call itself%s\n", comm.backend(), n,
+                torch.empty() ? "" : "; torch = torch.distributed (gloo)");
+    std::printf("%-10s %12s %10s %10s %10s %10s %9s", "op", "bytes", "time us", "algbw GB/s", "busbw GB/s", "raw us",
+                "ours/raw");
+    if (!torch.empty()) std::printf(" %10s %10s", "torch us", "ours/torch");
+    std::printf("\n");
   }
   for (Op op : {Op::allreduce, Op::allgather, Op::broadcast}) {
     for (std::int64_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
       const std::int64_t count = bytes / 4;
-      const int iterations = static_cast<int>(std::clamp<std::int64_t>((64 << 20) / bytes, 3, 200));
-      Tensor data = Tensor::zeros({op == Op::allgather ? count / n + (count / n == 0) : count}, DType::f32);
-      Tensor gathered = Tensor::zeros({data.numel() * n}, DType::f32);
-      const double reported_bytes = static_cast<double>(op == Op::allgather ? gathered.nbytes() : data.nbytes());
+      const int iterations = static_cast<int>(std::clamp<std::int64_t>((32 << 20) / bytes, 3, 100));
+      Tensor data = Tensor::zeros({op == Op::allgather ? count / n + (count / n == 0) : count}, DType::f32, device);
+      Tensor gathered = Tensor::zeros({data.numel() * n}, DType::f32, device);
+      const std::int64_t reported_bytes = static_cast<std::int64_t>(op == Op::allgather ? gathered.nbytes() : data.nbytes());
       std::function<void()> ours;
-      std::function<void()> raw;
+      std::function<void()> theirs;
       switch (op) {
         case Op::allreduce:
           ours = [&] { comm.allreduce(data, comm::ReduceOp::sum); };
-          raw = [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+          theirs = [&] { raw.allreduce(data); };
           break;
         case Op::allgather:
           ours = [&] { comm.allgather(data, gathered); };
-          raw = [&] {
-            MPI_Allgather(data.data(), static_cast<int>(data.numel()), MPI_FLOAT, gathered.data(),
-                          static_cast<int>(data.numel()), MPI_FLOAT, MPI_COMM_WORLD);
-          };
+          theirs = [&] { raw.allgather(data, gathered); };
           break;
         case Op::broadcast:
           ours = [&] { comm.broadcast(data, 0); };
-          raw = [&] { MPI_Bcast(data.data(), static_cast<int>(data.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD); };
+          theirs = [&] { raw.broadcast(data); };
           break;
       }
       const double seconds = time_calls(comm, iterations, ours);
-      double raw_seconds = 0.0;
-      if (raw_mpi) raw_seconds = time_calls(comm, iterations, raw);
+      const double raw_seconds = time_calls(comm, iterations, theirs);
       if (comm.rank() == 0) {
-        const double algbw = reported_bytes / seconds / 1e9;
-        std::printf("%-10s %12.0f %10.1f %10.3f %10.3f", op_name(op), reported_bytes, seconds * 1e6, algbw,
-                    algbw * bus_factor(op, n));
-        if (raw_mpi) {
-          std::printf(" %10.1f %11.3fx\n", raw_seconds * 1e6, seconds / raw_seconds);
-        } else {
-          std::printf(" %10s %12s\n", "-", "-");
+        const double algbw = static_cast<double>(reported_bytes) / seconds / 1e9;
+        std::printf("%-10s %12lld %10.1f %10.3f %10.3f %10.1f %8.3fx", op_name(op), static_cast<long long>(reported_bytes),
+                    seconds * 1e6, algbw, algbw * bus_factor(op, n), raw_seconds * 1e6, seconds / raw_seconds);
+        if (!torch.empty()) {
+          const auto found = torch.find({op_name(op), reported_bytes});
+          if (found != torch.end()) {
+            std::printf(" %10.1f %9.3fx", found->second, seconds * 1e6 / found->second);
+          } else {
+            std::printf(" %10s %10s", "-", "-");
+          }
         }
+        std::printf("\n");
       }
     }
   }
@@ -99,22 +222,31 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, bool raw_mpi) {
 
 int main(int argc, char** argv) try {
   std::string backend = "mpi";
-  int ranks = 2;
+  std::string torch_path;
   std::int64_t max_bytes = 64 << 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--backend") backend = argv[i + 1];
-    else if (flag == "--ranks") ranks = std::stoi(argv[i + 1]);
     else if (flag == "--max-bytes") max_bytes = std::stoll(argv[i + 1]);
-    else throw Error("unknown flag " + flag);
+    else if (flag == "--torch") torch_path = argv[i + 1];
+    else throw Error("unknown flag " + flag + " (--backend mpi|gloo|nccl, --max-bytes N, --torch FILE)");
   }
+  const TorchTable torch = read_torch_table(torch_path);
   if (backend == "mpi") {
-    auto comm = comm::mpi_world();
-    sweep(*comm, max_bytes, /*raw_mpi=*/true);
+    auto comm = comm::connect("mpi");
+    sweep(*comm, max_bytes, raw_mpi(), torch);
   } else if (backend == "gloo") {
-    comm::run_gloo_thread_group(ranks, [&](comm::Communicator& comm) { sweep(comm, max_bytes, false); });
+    auto comm = comm::connect("gloo");
+    sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size()), torch);
+  } else if (backend == "nccl") {
+#if GRADSYNC_WITH_NCCL
+    auto comm = comm::connect("nccl", Device::cuda());
+    sweep(*comm, max_bytes, raw_nccl(*comm), torch);
+#else
+    throw Error("this build has no NCCL");
+#endif
   } else {
-    throw Error("unknown backend " + backend + " (mpi or gloo)");
+    throw Error("unknown backend " + backend + " (mpi, gloo or nccl)");
   }
   return 0;
 } catch (const std::exception& error) {

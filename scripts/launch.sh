@@ -30,11 +30,9 @@ for ((local = 0; local < per_node; ++local)); do
 done
 
 status=0
-remaining=${#pids[@]}
-while ((remaining > 0)); do
-  wait -n "${pids[@]}"
+for ((remaining = ${#pids[@]}; remaining > 0; --remaining)); do
+  wait -n  # the next rank to end, whichever it is
   code=$?
-  remaining=$((remaining - 1))
   if ((code != 0 && status == 0)); then
     status=$code
     echo "launch.sh: a rank exited with status $code; stopping the others" >&2

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <vector>
 #include <cstdlib>
 #include <mutex>
@@ -144,12 +145,23 @@ class MpiBackend final : public Backend {
   }
 
   void broadcast(void* data, std::int64_t count, DType dtype, int root) override {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    if (size_ > 1 && bytes >= kRingThresholdBytes) {
+      return chain_broadcast(static_cast<std::byte*>(data), bytes, root, segment_size(bytes / 4, dtype_size(dtype)));
+    }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Ibcast(data, int_count(count, "broadcast"), mpi_type(dtype), root, comm_, &request));
     complete(request, "MPI_Ibcast");
   }
 
   void allgather(const void* input, void* output, std::int64_t count, DType dtype) override {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    if (size_ > 1 && bytes * static_cast<std::size_t>(size_) >= kRingThresholdBytes) {
+      auto* gathered = static_cast<std::byte*>(output);
+      std::memcpy(gathered + bytes * static_cast<std::size_t>(rank_), input, bytes);
+      return ring_allgather(gathered, [bytes](int chunk) { return bytes * static_cast<std::size_t>(chunk); },
+                            [bytes](int) { return bytes; }, segment_size(bytes, dtype_size(dtype)));
+    }
     MPI_Request request;
     const int n = int_count(count, "allgather");
     GRADSYNC_MPI_CHECK(MPI_Iallgather(input, n, mpi_type(dtype), output, n, mpi_type(dtype), comm_, &request));
@@ -203,6 +215,12 @@ class MpiBackend final : public Backend {
   static constexpr std::size_t kMinSegmentBytes = 16 << 10;
   static constexpr std::size_t kMaxSegmentBytes = 1 << 20;
 
+  // Segments of about a quarter of a chunk, so the pipeline fills, within bounds that keep the
+  // per-message overhead small and the messages in flight few; whole elements.
+  static std::size_t segment_size(std::size_t chunk_bytes, std::size_t element) {
+    return std::max(std::clamp(chunk_bytes / 2, kMinSegmentBytes, kMaxSegmentBytes) / element * element, element);
+  }
+
   // Ring allreduce. Chunk c of the buffer is elements [c*count/n, (c+1)*count/n). In step s of
   // the reduce-scatter, rank r sends chunk (r-s) to its right neighbour and receives chunk
   // (r-s-1) from its left, reducing it into its own copy; after n-1 steps rank r holds the
@@ -213,14 +231,10 @@ class MpiBackend final : public Backend {
     const int right = (rank_ + 1) % n;
     const int left = (rank_ + n - 1) % n;
     const std::size_t element = dtype_size(dtype);
-    const auto chunk_begin = [&](int chunk) { return static_cast<std::size_t>(count * chunk / n) * element; };
-    const auto chunk_bytes = [&](int chunk) { return chunk_begin(chunk + 1) - chunk_begin(chunk); };
-    const auto wrap = [n](int chunk) { return ((chunk % n) + n) % n; };
+    const auto chunk_begin = [=](int chunk) { return static_cast<std::size_t>(count * chunk / n) * element; };
+    const auto chunk_bytes = [=](int chunk) { return chunk_begin(chunk + 1) - chunk_begin(chunk); };
     const ReduceFunction reduce = reduce_function(dtype, op);
-    // Two segments per chunk at least, so the pipeline fills, within bounds that keep the
-    // per-message overhead small and the messages in flight few.
-    const std::size_t segment =
-        std::clamp(chunk_bytes(n - 1) / 2, kMinSegmentBytes, kMaxSegmentBytes) / element * element;
+    const std::size_t segment = segment_size(chunk_bytes(n - 1), element);
     scratch_.resize(chunk_bytes(n - 1) + element);  // the largest chunk
 
     for (int step = 0; step < n - 1; ++step) {
@@ -237,15 +251,50 @@ class MpiBackend final : public Backend {
       }
       for (MPI_Request& request : sends) complete(request, "ring allreduce (reduce-scatter send)");
     }
-    for (int step = 0; step < n - 1; ++step) {
-      const int send_chunk = wrap(rank_ + 1 - step);
-      const int recv_chunk = wrap(rank_ - step);
+    // Rank r holds the final chunk r+1: pass the final chunks around.
+    ring_allgather(data, chunk_begin, chunk_bytes, segment, /*first_owned=*/1);
+  }
+
+  // Ring allgather of chunks already in place: rank r owns chunk (r + first_owned) and, in
+  // step s, sends chunk (r + first_owned - s) right and receives chunk (r + first_owned - s - 1)
+  // from the left, straight into place.
+  template <typename Begin, typename Bytes>
+  void ring_allgather(std::byte* data, Begin chunk_begin, Bytes chunk_bytes, std::size_t segment, int first_owned = 0) {
+    const int right = (rank_ + 1) % size_;
+    const int left = (rank_ + size_ - 1) % size_;
+    for (int step = 0; step < size_ - 1; ++step) {
+      const int send_chunk = wrap(rank_ + first_owned - step);
+      const int recv_chunk = wrap(rank_ + first_owned - step - 1);
       std::vector<MPI_Request> receives = post_segments(data + chunk_begin(recv_chunk), chunk_bytes(recv_chunk), segment, left, true);
       std::vector<MPI_Request> sends = post_segments(data + chunk_begin(send_chunk), chunk_bytes(send_chunk), segment, right, false);
-      for (MPI_Request& request : receives) complete(request, "ring allreduce (allgather receive)");
-      for (MPI_Request& request : sends) complete(request, "ring allreduce (allgather send)");
+      for (MPI_Request& request : receives) complete(request, "ring allgather (receive)");
+      for (MPI_Request& request : sends) complete(request, "ring allgather (send)");
     }
   }
+
+  // Pipelined chain broadcast: root -> root+1 -> ... -> root-1, segment by segment, each rank
+  // forwarding a segment as soon as it has it. Every link carries the buffer once.
+  void chain_broadcast(std::byte* data, std::size_t bytes, int root, std::size_t segment) {
+    const int position = wrap(rank_ - root);  // 0 for the root
+    const int right = (rank_ + 1) % size_;
+    const int left = (rank_ + size_ - 1) % size_;
+    const bool forwards = position < size_ - 1;
+    std::vector<MPI_Request> receives;
+    if (position > 0) receives = post_segments(data, bytes, segment, left, true);
+    std::vector<MPI_Request> sends;
+    for (std::size_t i = 0, offset = 0; offset < bytes; ++i, offset += segment) {
+      if (position > 0) complete(receives[i], "chain broadcast (receive)");
+      if (forwards) {
+        MPI_Request request;
+        GRADSYNC_MPI_CHECK(MPI_Isend(data + offset, static_cast<int>(std::min(segment, bytes - offset)), MPI_BYTE, right, 0,
+                                     ring_comm_, &request));
+        sends.push_back(request);
+      }
+    }
+    for (MPI_Request& request : sends) complete(request, "chain broadcast (send)");
+  }
+
+  int wrap(int chunk) const { return ((chunk % size_) + size_) % size_; }
 
   // Posts one nonblocking message per segment of [data, data + bytes).
   std::vector<MPI_Request> post_segments(std::byte* data, std::size_t bytes, std::size_t segment, int peer, bool receive) {
