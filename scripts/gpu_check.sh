@@ -36,9 +36,12 @@ done
 run bench_ops_cuda "$bundle/bin/bench_ops" --device cuda:0 --elements $((1 << 28))
 run bench_ops_cpu "$bundle/bin/bench_ops" --device cpu
 run bench_optim_cuda "$bundle/bin/bench_optimizers" --device cuda:0 --sizes 16,64,256
+# NCCL, world of one (one GPU holds one rank): our layer against a raw NCCL communicator.
+run bench_nccl "$bundle/bin/bench_collectives" --backend nccl --max-bytes $((256 << 20))
 
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 grep -hE '^(memory|axpy|scale|cast|dot|squared)' "$out/bench_ops_cuda.log" | sed 's/^/cuda  /'
 grep -hE 'Mi ' "$out/bench_optim_cuda.log" | sed 's/^/cuda  /'
+grep -hE '^allreduce +(4|1048576|268435456) ' "$out/bench_nccl.log" | sed 's/^/nccl  /'
