@@ -7,6 +7,7 @@
 // having to carry the rank around. Ranks-as-threads tests get one label per thread.
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,12 @@ class ThreadRankScope {
  private:
   int previous_;
 };
+
+// Warnings (not errors): by default printed to stderr as "gradsync warning: rank R: ...".
+// A program or a test can route them elsewhere; set_warning_handler returns the previous one.
+using WarningHandler = std::function<void(const std::string&)>;
+void warn(const std::string& message);
+WarningHandler set_warning_handler(WarningHandler handler);
 
 namespace detail {
 template <typename... Parts>

@@ -1,0 +1,119 @@
+// gradsync/dist/distributed_optimizer.h - Horovod's DistributedOptimizer, in C++.
+//
+//   optim::Adam adam(registry, {...});
+//   dist::DistributedOptimizer opt(adam, comm, {.compression = dist::Compression::fp16});
+//   for (...) {
+//     engine.backward();            // writes gradients, registry.mark_ready(p) per parameter
+//     opt.step();                   // waits for the reductions, then adam.step()
+//     opt.zero_grad();
+//   }
+//
+// It wraps any optim::Optimizer (SGD, Adam, AdamW, or a user's subclass) over a registry and
+// listens to the registry's readiness signals. The semantics are Horovod's, argument by
+// argument (reference/horovod.md), with these deliberate differences, each for a reason:
+//  * the reduction order is the registry's, identical on every rank, so nothing is negotiated
+//    and a rank whose graph skipped a parameter cannot stall the others (it contributes
+//    zeros, Horovod's "force allreduce", in the same fixed order);
+//  * gradient_predivide_factor is honoured for grouped parameters too;
+//  * fp16 compression works with sparse gradients (Horovod crashes);
+//  * the warning for step() after synchronize() without skip_synchronize() is given once;
+//  * parameters declared sparse take part in every synchronization (zero rows when a rank has
+//    none), so a rank without a sparse gradient cannot stall the allgather.
+// With one rank nothing is hooked and step() is the wrapped optimizer's step.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/dist/reducer.h"
+#include "gradsync/optim/optimizer.h"
+
+namespace gradsync::dist {
+
+// Horovod's reduction ops for the optimizer.
+enum class Op { average, sum, adasum, min, max, product };
+const char* op_name(Op op);
+Op parse_op(const std::string& text);  // "average" | "sum" | "adasum" | "min" | "max" | "product"
+
+struct DistributedOptimizerOptions {
+  // (name, parameter) pairs; when absent every parameter's registry name is used. When given,
+  // names must be unique and must cover every parameter the optimizer updates.
+  std::optional<std::vector<std::pair<std::string, Parameter*>>> named_parameters;
+  Compression compression = Compression::none;
+  int backward_passes_per_step = 1;
+  Op op = Op::average;
+  double gradient_predivide_factor = 1.0;
+  // Horovod's groups: none, a positive number of groups (the parameters split in order into
+  // that many nearly equal runs), or explicit lists of parameters reduced together.
+  std::variant<std::monostate, int, std::vector<std::vector<Parameter*>>> groups;
+  bool sparse_as_dense = false;
+  // Parameters whose gradients arrive as rows (set_sparse_grad), like an embedding's.
+  std::vector<Parameter*> sparse_parameters;
+  // Tensor fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, default 128 MiB).
+  std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
+};
+
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(optim::Optimizer& optimizer, comm::Communicator& comm, DistributedOptimizerOptions options = {});
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Reduces every gradient not yet reduced (zero-filled where undefined; partial
+  // accumulations and partial groups as they are), waits, and writes the results back.
+  // A no-op for Adasum, which reduces deltas inside step().
+  void synchronize();
+  // synchronize() unless inside skip_synchronize(), then the wrapped optimizer's step.
+  void step();
+  // The wrapped zero_grad; an error while reductions are pending (after a backward, before
+  // step() or synchronize()).
+  void zero_grad(bool set_to_undefined = true);
+
+  // RAII: step() does not synchronize while the guard lives (restored on exceptions too).
+  class SkipSynchronize {
+   public:
+    explicit SkipSynchronize(DistributedOptimizer& optimizer);
+    ~SkipSynchronize();
+    SkipSynchronize(const SkipSynchronize&) = delete;
+    SkipSynchronize& operator=(const SkipSynchronize&) = delete;
+
+   private:
+    DistributedOptimizer& optimizer_;
+    bool previous_;
+  };
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+
+  void set_backward_passes_per_step(int passes);
+  int backward_passes_per_step() const;
+
+  // A row-sparse gradient for a parameter declared in sparse_parameters: `indices` (i64, the
+  // rows) and `rows` ([nnz, row elements]). It counts as this parameter's readiness for the
+  // pass. Duplicate indices add, as in a coalesced sparse tensor.
+  void set_sparse_grad(Parameter& parameter, const Tensor& indices, const Tensor& rows);
+
+  // Loads the wrapped optimizer's state and resets the accumulation counters (Horovod's
+  // load_state_dict). An error while reductions are pending.
+  void load_state(const std::filesystem::path& path);
+
+  optim::Optimizer& optimizer() const;
+  const Reducer* reducer() const;  // nullptr with one rank or Adasum
+  // The groups as formed (after the integer split or the list validation), by name.
+  std::vector<std::vector<std::string>> group_names() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// After these, every rank holds root's parameter values, and root's optimizer state
+// (buffers, step counts, hyperparameters).
+void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root = 0);
+void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root = 0);
+
+}  // namespace gradsync::dist

@@ -1,0 +1,138 @@
+// gradsync/dist/reducer.h - the one gradient-reduction engine under both front-ends
+// (DistributedOptimizer with Horovod's semantics, DataParallel with DDP's).
+//
+// What it does, per round (one synchronized step):
+//   1. Buckets were formed once, at construction: runs of parameters of one (device, dtype),
+//      up to a byte limit. A bucket whose members sit next to each other in the registry's
+//      gradient arena *is* a view of the arena: nothing is copied. Otherwise (members scattered
+//      by explicit groups or by frozen parameters in between) it has its own flat buffer.
+//   2. The front-end calls ready(p) as gradients complete, in any order. A bucket is complete
+//      when all its members are ready; buckets are then launched strictly in bucket order
+//      (bucket b waits for 0..b-1), so every rank issues the same collectives in the same
+//      order with no negotiation. Launch = prescale, compress (cast to f16/bf16; integer
+//      gradients never), an async reduction (the communicator's allreduce with `op`, or a
+//      hook), all off the caller's thread.
+//   3. finish() launches whatever never completed, in bucket order, zero-filling gradients
+//      that were never defined ("force allreduce"): a rank whose graph skipped a parameter
+//      still takes part in every collective. wait() waits for every bucket, decompresses,
+//      postscales, copies back when the bucket has its own buffer, and marks every member's
+//      gradient defined. Then the next round starts.
+// The caller's thread keeps computing gradients while earlier buckets reduce: that is the
+// overlap, and it needs nothing but the communicator's async operations.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/registry/parameter_registry.h"
+
+namespace gradsync::dist {
+
+// Gradient compression on the wire: none, or a cast to a 16-bit float for the reduction and
+// back afterwards. Only floating gradients wider than the target are compressed.
+enum class Compression { none, fp16, bf16 };
+const char* compression_name(Compression compression);
+Compression parse_compression(const std::string& text);  // "none" | "fp16" | "bf16"
+
+// How buckets close when they fill up.
+enum class BucketRule {
+  fusion,   // Horovod's tensor fusion: a bucket never exceeds the limit (unless one tensor does)
+  pytorch,  // DDP: add the tensor, then close once the bucket holds >= the limit
+};
+
+// Groups `sizes[i]` bytes with key `keys[i]` (one key per (device, dtype)) into buckets, in
+// index order, one open bucket per key; `limits` applies to a key's 1st, 2nd, ... bucket, the
+// last limit repeating. `together` (optional) gives a unit id per index: indices with the same
+// unit id always share a bucket (Horovod's explicit groups; they must have the same key).
+// Buckets come out sorted by their smallest index. This is DDP's compute_bucket_assignment_by_size
+// for BucketRule::pytorch (reference/ddp.md, checklist 7).
+std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size_t>& sizes,
+                                                     const std::vector<int>& keys,
+                                                     const std::vector<std::size_t>& limits, BucketRule rule,
+                                                     const std::vector<int>& together = {});
+
+struct BucketInfo;
+
+// A custom reduction of one bucket's flat buffer (the compressed one when compressing), in
+// place: e.g. Adasum, or a user's hook. `tensor_sizes` are the members' element counts in
+// buffer order (padding excluded; see BucketInfo). Returns the Work to wait for.
+using ReduceHook = std::function<comm::WorkHandle(comm::Communicator&, Tensor& flat, const BucketInfo&)>;
+
+struct ReducerOptions {
+  std::vector<std::size_t> bucket_limits{25u << 20};  // bytes; see assign_buckets
+  BucketRule rule = BucketRule::fusion;
+  Compression compression = Compression::none;
+  comm::ReduceOp op = comm::ReduceOp::sum;
+  double prescale = 1.0;   // applied before compression (so dividing first avoids f16 overflow)
+  double postscale = 1.0;  // applied after decompression
+  ReduceHook hook;         // empty: comm.allreduce_async(flat, op)
+};
+
+struct BucketInfo {
+  std::size_t index = 0;
+  std::vector<Parameter*> members;          // in bucket order
+  std::vector<std::int64_t> member_offset;  // element offset of each member in the flat buffer
+  DType dtype = DType::f32;
+  Device device;
+  std::int64_t numel = 0;  // flat buffer elements (padding between arena members included)
+  bool arena_view = false;  // true: the flat buffer is a view of the gradient arena
+};
+
+class Reducer {
+ public:
+  // `order`: the parameters to reduce, in bucket order (each once, trainable, of `registry`).
+  // `groups`: parameter sets that must share a bucket (each member must be in `order`).
+  Reducer(ParameterRegistry& registry, comm::Communicator& comm, std::vector<Parameter*> order,
+          std::vector<std::vector<Parameter*>> groups, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // One member's gradient is complete for this round. Errors: not a member, or ready twice in
+  // one round (naming the parameter).
+  void ready(const Parameter& parameter);
+  // Launches every bucket not yet launched, in order; members never ready have their
+  // gradient zero-filled when it is undefined. Returns the members that were never ready.
+  std::vector<Parameter*> finish();
+  // Waits for every launched bucket and writes the results back; then a new round begins.
+  // finish() must have run (or every bucket launched by readiness).
+  void wait();
+  // Both, the usual end of a round.
+  void synchronize() {
+    finish();
+    wait();
+  }
+
+  bool contains(const Parameter& parameter) const;
+  bool was_ready(const Parameter& parameter) const;  // in this round
+  // True once anything happened this round: a member ready, or a bucket launched.
+  bool round_started() const;
+  bool all_launched() const;
+
+  std::size_t bucket_count() const;
+  const BucketInfo& bucket(std::size_t index) const;
+  std::size_t bucket_of(const Parameter& parameter) const;
+  const ReducerOptions& options() const;
+  void set_scales(double prescale, double postscale);
+  void set_compression(Compression compression);
+
+  // Statistics since construction: bytes handed to the communicator, launches, and the time
+  // wait() spent blocked (communication not hidden behind the caller's work).
+  struct Stats {
+    std::int64_t bytes_communicated = 0;
+    std::int64_t buckets_launched = 0;
+    std::chrono::nanoseconds wait_blocked{0};
+  };
+  const Stats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradsync::dist

@@ -1,0 +1,86 @@
+// The cross-rank parameter check (consistency.h).
+#include "consistency.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace gradsync::dist {
+
+namespace {
+
+std::string describe(const Parameter& parameter, const std::string& name) {
+  std::ostringstream text;
+  text << "'" << name << "' " << dtype_name(parameter.dtype()) << "[";
+  for (std::size_t d = 0; d < parameter.shape().size(); ++d) text << (d ? ", " : "") << parameter.shape()[d];
+  text << "]" << (parameter.device().is_cpu() ? " on cpu" : " on cuda");
+  return text.str();
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::istringstream in(text);
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+Tensor words_of(const std::string& bytes) {
+  const std::int64_t words = static_cast<std::int64_t>((bytes.size() + 3) / 4);
+  Tensor packed = Tensor::zeros({words}, DType::i32);
+  if (!bytes.empty()) std::memcpy(packed.data(), bytes.data(), bytes.size());
+  return packed;
+}
+
+}  // namespace
+
+std::string broadcast_bytes(comm::Communicator& comm, const std::string& bytes, int root) {
+  Tensor length = Tensor::zeros({1}, DType::i64);
+  length.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(bytes.size());
+  comm.broadcast(length, root);
+  const auto size = static_cast<std::size_t>(length.data_as<std::int64_t>()[0]);
+  Tensor packed = comm.rank() == root ? words_of(bytes) : Tensor::zeros({static_cast<std::int64_t>((size + 3) / 4)}, DType::i32);
+  comm.broadcast(packed, root);
+  return std::string(static_cast<const char*>(packed.data()), size);
+}
+
+void require_same_parameters(comm::Communicator& comm, const std::vector<const Parameter*>& parameters,
+                             const std::vector<std::string>& names, const std::string& who) {
+  if (comm.size() == 1) return;
+  std::string mine;
+  for (std::size_t i = 0; i < parameters.size(); ++i) mine += describe(*parameters[i], names[i]) + "\n";
+
+  // Everyone's description: lengths first, then the bytes (as i32 words).
+  Tensor my_length = Tensor::zeros({1}, DType::i64);
+  my_length.data_as<std::int64_t>()[0] = static_cast<std::int64_t>((mine.size() + 3) / 4);
+  Tensor lengths = Tensor::zeros({comm.size()}, DType::i64);
+  comm.allgather(my_length, lengths);
+  std::vector<std::int64_t> counts(lengths.data_as<std::int64_t>(), lengths.data_as<std::int64_t>() + comm.size());
+  std::int64_t total = 0;
+  for (const std::int64_t count : counts) total += count;
+  Tensor everyone = Tensor::zeros({total}, DType::i32);
+  comm.allgatherv(words_of(mine), everyone, counts);
+
+  const std::vector<std::string> my_lines = split_lines(mine);
+  std::int64_t offset = 0;
+  for (int other = 0; other < comm.size(); ++other) {
+    const auto words = counts[static_cast<std::size_t>(other)];
+    std::string theirs(reinterpret_cast<const char*>(everyone.data_as<std::int32_t>() + offset),
+                       static_cast<std::size_t>(words) * 4);
+    theirs.resize(std::strlen(theirs.c_str()));  // drop the zero padding
+    offset += words;
+    if (theirs == mine) continue;
+    const std::vector<std::string> their_lines = split_lines(theirs);
+    std::size_t first = 0;
+    while (first < my_lines.size() && first < their_lines.size() && my_lines[first] == their_lines[first]) ++first;
+    std::ostringstream message;
+    message << who << ": the ranks do not hold the same parameters. Parameter #" << first << " is "
+            << (first < my_lines.size() ? my_lines[first] : "absent (" + std::to_string(my_lines.size()) + " parameters)")
+            << " on rank " << comm.rank() << " but "
+            << (first < their_lines.size() ? their_lines[first]
+                                           : "absent (" + std::to_string(their_lines.size()) + " parameters)")
+            << " on rank " << other;
+    throw Error(message.str());
+  }
+}
+
+}  // namespace gradsync::dist

@@ -1,0 +1,527 @@
+// The DistributedOptimizer (gradsync/dist/distributed_optimizer.h).
+#include "gradsync/dist/distributed_optimizer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "consistency.h"
+#include "gradsync/dist/adasum.h"
+#include "gradsync/kernels/ops.h"
+
+namespace gradsync::dist {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::average: return "average";
+    case Op::sum: return "sum";
+    case Op::adasum: return "adasum";
+    case Op::min: return "min";
+    case Op::max: return "max";
+    case Op::product: return "product";
+  }
+  return "?";
+}
+
+Op parse_op(const std::string& text) {
+  for (Op op : {Op::average, Op::sum, Op::adasum, Op::min, Op::max, Op::product}) {
+    if (text == op_name(op)) return op;
+  }
+  detail::throw_error("unknown op '", text, "': expected one of average, sum, adasum, min, max, product");
+}
+
+namespace {
+
+comm::ReduceOp comm_op(Op op) {
+  switch (op) {
+    case Op::min: return comm::ReduceOp::min;
+    case Op::max: return comm::ReduceOp::max;
+    case Op::product: return comm::ReduceOp::prod;
+    default: return comm::ReduceOp::sum;  // average = sum with scale factors, as Horovod's core
+  }
+}
+
+// Horovod's split_list: n runs, the first (size % n) one longer.
+std::vector<std::vector<Parameter*>> split_into(const std::vector<Parameter*>& parameters, int n) {
+  const std::size_t count = parameters.size();
+  const std::size_t d = count / static_cast<std::size_t>(n);
+  const std::size_t r = count % static_cast<std::size_t>(n);
+  std::vector<std::vector<Parameter*>> groups;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+    const std::size_t begin = i * d + std::min(i, r);
+    const std::size_t end = (i + 1) * d + std::min(i + 1, r);
+    groups.emplace_back(parameters.begin() + static_cast<std::ptrdiff_t>(begin),
+                        parameters.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  return groups;
+}
+
+// A row-sparse gradient, accumulated over backward passes by concatenation.
+struct SparseRows {
+  std::vector<std::int64_t> indices;
+  std::vector<double> values;  // indices.size() x row elements, in f64 until reduced
+};
+
+}  // namespace
+
+struct DistributedOptimizer::Impl {
+  optim::Optimizer& optimizer;
+  comm::Communicator& comm;
+  DistributedOptimizerOptions options;
+
+  std::vector<Parameter*> parameters;  // the wrapped ones, in registry order
+  std::map<const Parameter*, std::string> name_of;
+  std::set<const Parameter*> sparse;  // declared sparse and not sent as dense
+  std::map<const Parameter*, SparseRows> sparse_rows;
+  std::map<const Parameter*, int> delay;
+  std::set<const Parameter*> seen;  // had a backward pass since the last synchronization
+  std::vector<std::vector<Parameter*>> groups;
+  std::unique_ptr<Reducer> reducer;
+  ParameterRegistry::Subscription subscription;
+  bool distributed = false;
+  bool adasum = false;
+  bool synchronized = false;
+  bool should_synchronize = true;
+  bool warned = false;
+
+  Impl(optim::Optimizer& optimizer_, comm::Communicator& comm_, DistributedOptimizerOptions options_)
+      : optimizer(optimizer_), comm(comm_), options(std::move(options_)) {}
+
+  std::int64_t row_elements(const Parameter& parameter) const {
+    return parameter.shape().empty() ? 1 : parameter.numel() / parameter.shape()[0];
+  }
+
+  void validate_and_build() {
+    // Horovod's factory checks, in its order.
+    GRADSYNC_CHECK(options.gradient_predivide_factor == 1.0 || options.op == Op::average,
+                   "gradient_predivide_factor not supported with op != Average (op is ", op_name(options.op), ")");
+    GRADSYNC_CHECK(options.gradient_predivide_factor > 0.0, "gradient_predivide_factor must be positive, got ",
+                   options.gradient_predivide_factor);
+    GRADSYNC_CHECK(options.backward_passes_per_step > 0, "backward_passes_per_step must be > 0");
+
+    // The wrapped parameters, in registry order: the order every rank shares.
+    for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
+      for (Parameter* parameter : optimizer.group_parameters(g)) parameters.push_back(parameter);
+    }
+    std::sort(parameters.begin(), parameters.end(),
+              [](const Parameter* a, const Parameter* b) { return a->index() < b->index(); });
+    name_parameters();
+    for (Parameter* parameter : options.sparse_parameters) {
+      GRADSYNC_CHECK(parameter != nullptr && name_of.count(parameter), "sparse_parameters: ",
+                     parameter ? "'" + parameter->name() + "'" : std::string("a null pointer"),
+                     " is not a parameter of the wrapped optimizer");
+      if (!options.sparse_as_dense) sparse.insert(parameter);
+    }
+    for (const Parameter* parameter : parameters) delay[parameter] = options.backward_passes_per_step;
+    form_groups();
+
+    distributed = comm.size() > 1;
+    if (!distributed) return;  // Horovod: with one process nothing is hooked
+
+    std::vector<const Parameter*> all(parameters.begin(), parameters.end());
+    std::vector<std::string> names;
+    for (const Parameter* parameter : parameters) names.push_back(name_of[parameter]);
+    require_same_parameters(comm, all, names, "DistributedOptimizer");
+
+    adasum = options.op == Op::adasum;
+    if (adasum) {
+      GRADSYNC_CHECK((comm.size() & (comm.size() - 1)) == 0,
+                     "Running Adasum with non-power of 2 ranks is not supported yet (this world has ", comm.size(),
+                     " ranks)");
+    }
+
+    // Adasum reduces dense deltas of every parameter, sparse ones included.
+    std::vector<Parameter*> dense;
+    for (Parameter* parameter : parameters) {
+      if (adasum || !sparse.count(parameter)) dense.push_back(parameter);
+    }
+    std::vector<std::vector<Parameter*>> dense_groups;
+    for (const auto& group : groups) {
+      std::vector<Parameter*> members;
+      for (Parameter* member : group) {
+        if (!sparse.count(member)) members.push_back(member);
+      }
+      if (members.size() > 1) dense_groups.push_back(members);
+    }
+    if (!dense.empty()) {
+      ReducerOptions reducer_options;
+      reducer_options.bucket_limits = {std::max<std::size_t>(options.fusion_threshold_bytes, 1)};
+      reducer_options.rule = BucketRule::fusion;
+      reducer_options.compression = options.compression;
+      reducer_options.op = comm_op(options.op);
+      if (options.op == Op::average) {
+        // Horovod: prescale 1/f, postscale f/N; the mean, divided before the sum by f.
+        reducer_options.prescale = 1.0 / options.gradient_predivide_factor;
+        reducer_options.postscale = options.gradient_predivide_factor / comm.size();
+      }
+      if (adasum) reducer_options.hook = adasum_hook();
+      reducer = std::make_unique<Reducer>(optimizer.registry(), comm, dense, adasum ? std::vector<std::vector<Parameter*>>{}
+                                                                                    : dense_groups,
+                                          reducer_options);
+    }
+    subscription = optimizer.registry().on_ready([this](Parameter& parameter) { on_ready(parameter); });
+  }
+
+  void name_parameters() {
+    if (!options.named_parameters) {
+      for (const Parameter* parameter : parameters) name_of[parameter] = parameter->name();
+      return;
+    }
+    std::map<std::string, int> uses;
+    std::map<const Parameter*, std::string> given;
+    for (const auto& [name, parameter] : *options.named_parameters) {
+      GRADSYNC_CHECK(parameter != nullptr, "named_parameters should be a sequence of (name, parameter) pairs; '", name,
+                     "' has a null parameter");
+      ++uses[name];
+      given[parameter] = name;
+    }
+    std::vector<std::string> duplicates;
+    for (const auto& [name, count] : uses) {
+      if (count > 1) duplicates.push_back(name);
+    }
+    if (!duplicates.empty()) {
+      std::ostringstream list;
+      for (std::size_t i = 0; i < duplicates.size(); ++i) list << (i ? ", " : "") << duplicates[i];
+      detail::throw_error("Parameter names in named_parameters must be unique. Found duplicates: ", list.str());
+    }
+    std::vector<std::string> unnamed;
+    for (const Parameter* parameter : parameters) {
+      const auto found = given.find(parameter);
+      if (found == given.end()) {
+        unnamed.push_back(parameter->name());
+      } else {
+        name_of[parameter] = found->second;
+      }
+    }
+    if (!unnamed.empty()) {
+      std::ostringstream list;
+      for (std::size_t i = 0; i < unnamed.size(); ++i) list << (i ? ", " : "") << "'" << unnamed[i] << "'";
+      detail::throw_error(
+          "named_parameters was specified, but one or more model parameters were not named. Registry names: ",
+          list.str());
+    }
+  }
+
+  void form_groups() {
+    if (std::holds_alternative<int>(options.groups)) {
+      const int n = std::get<int>(options.groups);
+      GRADSYNC_CHECK(n > 0, "groups should be a non-negative integer or a list of lists of parameters (got ", n, ")");
+      groups = split_into(parameters, n);
+    } else if (std::holds_alternative<std::vector<std::vector<Parameter*>>>(options.groups)) {
+      std::set<const Parameter*> used;
+      for (const auto& list : std::get<std::vector<std::vector<Parameter*>>>(options.groups)) {
+        std::vector<Parameter*> members;
+        for (Parameter* member : list) {
+          GRADSYNC_CHECK(member != nullptr, "groups must consist of parameters (found a null pointer)");
+          GRADSYNC_CHECK(used.insert(member).second, "A parameter can only appear once in groups ('", member->name(),
+                         "' appears twice).");
+          if (name_of.count(member)) members.push_back(member);  // filtered to the wrapped parameters
+        }
+        if (!members.empty()) groups.push_back(members);
+      }
+      for (Parameter* parameter : parameters) {
+        if (!used.count(parameter)) groups.push_back({parameter});  // leftovers: singletons
+      }
+    }
+  }
+
+  // The registry's readiness signal: one backward pass produced this gradient.
+  void on_ready(Parameter& parameter) {
+    if (!name_of.count(&parameter)) return;  // not ours (another optimizer's)
+    GRADSYNC_CHECK(!sparse.count(&parameter), "parameter '", name_of[&parameter],
+                   "' is declared sparse: give its gradient with set_sparse_grad()");
+    count_pass(parameter);
+  }
+
+  void count_pass(Parameter& parameter) {
+    int& remaining = delay[&parameter];
+    GRADSYNC_CHECK(!(seen.count(&parameter) && remaining <= 0),
+                   "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                   "Increase backward_passes_per_step to accumulate gradients locally. (parameter '",
+                   name_of[&parameter], "', backward_passes_per_step ", options.backward_passes_per_step, ")");
+    --remaining;
+    seen.insert(&parameter);
+    if (remaining == 0 && !adasum && reducer && reducer->contains(parameter)) reducer->ready(parameter);
+  }
+
+  bool pending() const { return !seen.empty() || (reducer && reducer->round_started()); }
+
+  void reset_counters() {
+    for (auto& [parameter, remaining] : delay) remaining = options.backward_passes_per_step;
+    seen.clear();
+  }
+
+  // Sparse parameters: every rank takes part, in registry order, with whatever rows it has
+  // (none is fine): counts, then indices, then values, through allgatherv. The result is
+  // written densely into the gradient (our optimizers are dense).
+  void reduce_sparse() {
+    for (Parameter* parameter : parameters) {
+      if (!sparse.count(parameter)) continue;
+      SparseRows& mine = sparse_rows[parameter];
+      const std::int64_t row = row_elements(*parameter);
+      Tensor my_count = Tensor::zeros({1}, DType::i64);
+      my_count.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(mine.indices.size());
+      Tensor all_counts = Tensor::zeros({comm.size()}, DType::i64);
+      comm.allgather(my_count, all_counts);
+      std::vector<std::int64_t> counts(all_counts.data_as<std::int64_t>(),
+                                       all_counts.data_as<std::int64_t>() + comm.size());
+      std::int64_t total = 0;
+      for (const std::int64_t count : counts) total += count;
+
+      Tensor indices = Tensor::zeros({static_cast<std::int64_t>(mine.indices.size())}, DType::i64);
+      std::copy(mine.indices.begin(), mine.indices.end(), indices.data_as<std::int64_t>());
+      Tensor all_indices = Tensor::zeros({total}, DType::i64);
+      comm.allgatherv(indices, all_indices, counts);
+
+      // Values travel in the parameter's dtype, or compressed.
+      DType wire = parameter->dtype();
+      if (options.compression == Compression::fp16 && is_floating(wire)) wire = DType::f16;
+      if (options.compression == Compression::bf16 && is_floating(wire)) wire = DType::bf16;
+      Tensor values = Tensor::from_vector(mine.values, {static_cast<std::int64_t>(mine.values.size())}).to(wire);
+      std::vector<std::int64_t> value_counts;
+      for (const std::int64_t count : counts) value_counts.push_back(count * row);
+      Tensor all_values = Tensor::zeros({total * row}, wire);
+      comm.allgatherv(values, all_values, value_counts);
+
+      // Densify: duplicate rows add, as a coalesced sparse tensor's do.
+      std::vector<double> dense(static_cast<std::size_t>(parameter->numel()), 0.0);
+      const std::vector<double> gathered = all_values.to_double_vector();
+      const std::int64_t* at = all_indices.data_as<std::int64_t>();
+      for (std::int64_t k = 0; k < total; ++k) {
+        for (std::int64_t e = 0; e < row; ++e) {
+          dense[static_cast<std::size_t>(at[k] * row + e)] += gathered[static_cast<std::size_t>(k * row + e)];
+        }
+      }
+      if (options.op == Op::average) {
+        for (double& value : dense) value /= comm.size();
+      }
+      parameter->grad_for_overwrite().copy_from(
+          Tensor::from_vector(dense, parameter->shape()).to(parameter->dtype()).to(parameter->device()));
+      mine = SparseRows{};
+    }
+  }
+
+  // One rank, or Adasum: sparse rows become the local dense gradient.
+  void densify_local_sparse() {
+    for (Parameter* parameter : parameters) {
+      auto found = sparse_rows.find(parameter);
+      if (found == sparse_rows.end() || found->second.indices.empty()) continue;
+      const std::int64_t row = row_elements(*parameter);
+      std::vector<double> dense(static_cast<std::size_t>(parameter->numel()), 0.0);
+      for (std::size_t k = 0; k < found->second.indices.size(); ++k) {
+        for (std::int64_t e = 0; e < row; ++e) {
+          dense[static_cast<std::size_t>(found->second.indices[k] * row + e)] +=
+              found->second.values[k * static_cast<std::size_t>(row) + static_cast<std::size_t>(e)];
+        }
+      }
+      parameter->grad_for_overwrite().copy_from(
+          Tensor::from_vector(dense, parameter->shape()).to(parameter->dtype()).to(parameter->device()));
+      found->second = SparseRows{};
+    }
+  }
+
+  void synchronize() {
+    if (!distributed || adasum) {
+      synchronized = true;
+      return;
+    }
+    if (reducer) reducer->finish();
+    reduce_sparse();
+    if (reducer) reducer->wait();
+    reset_counters();
+    synchronized = true;
+  }
+
+  // Horovod's Adasum optimizer: a local step, then the Adasum of every rank's delta, added to
+  // the starting point. The gradient buffers carry the deltas through the Reducer (so the
+  // bucketing and the per-tensor rule are the Reducer's); afterwards they hold the reduced delta.
+  void adasum_step() {
+    densify_local_sparse();
+    std::vector<Tensor> start;
+    for (Parameter* parameter : parameters) start.push_back(parameter->value().clone());
+    optimizer.step();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      Tensor& delta = parameters[i]->grad_for_overwrite();
+      delta.copy_from(parameters[i]->value());
+      ops::axpy(-1.0, start[i], delta);
+    }
+    if (reducer) reducer->synchronize();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      Tensor& value = parameters[i]->value();
+      value.copy_from(start[i]);
+      ops::axpy(1.0, parameters[i]->grad(), value);
+    }
+    reset_counters();
+  }
+};
+
+DistributedOptimizer::DistributedOptimizer(optim::Optimizer& optimizer, comm::Communicator& comm,
+                                           DistributedOptimizerOptions options)
+    : impl_(std::make_unique<Impl>(optimizer, comm, std::move(options))) {
+  impl_->validate_and_build();
+}
+
+DistributedOptimizer::~DistributedOptimizer() = default;
+
+void DistributedOptimizer::synchronize() { impl_->synchronize(); }
+
+void DistributedOptimizer::step() {
+  if (!impl_->distributed) {
+    impl_->densify_local_sparse();
+    impl_->reset_counters();
+    impl_->optimizer.step();
+    return;
+  }
+  if (impl_->adasum) return impl_->adasum_step();
+  if (impl_->should_synchronize) {
+    if (impl_->synchronized && !impl_->warned) {
+      impl_->warned = true;
+      warn("optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
+           "This can cause training slowdown. You may want to consider using optimizer.skip_synchronize() context "
+           "if you use optimizer.synchronize() in your code.");
+    }
+    impl_->synchronize();
+  }
+  impl_->synchronized = false;
+  impl_->optimizer.step();
+}
+
+void DistributedOptimizer::zero_grad(bool set_to_undefined) {
+  GRADSYNC_CHECK(!impl_->pending(),
+                 "optimizer.zero_grad() was called after the backward pass but before optimizer.step() or "
+                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.");
+  impl_->optimizer.zero_grad(set_to_undefined);
+  impl_->sparse_rows.clear();
+}
+
+DistributedOptimizer::SkipSynchronize::SkipSynchronize(DistributedOptimizer& optimizer)
+    : optimizer_(optimizer), previous_(optimizer.impl_->should_synchronize) {
+  GRADSYNC_CHECK(!optimizer.impl_->adasum, "Skipping synchronization is not supported when using Adasum optimizer.");
+  optimizer.impl_->should_synchronize = false;
+}
+
+DistributedOptimizer::SkipSynchronize::~SkipSynchronize() { optimizer_.impl_->should_synchronize = previous_; }
+
+void DistributedOptimizer::set_backward_passes_per_step(int passes) {
+  GRADSYNC_CHECK(passes > 0, "backward_passes_per_step must be > 0");
+  impl_->options.backward_passes_per_step = passes;
+  for (auto& [parameter, remaining] : impl_->delay) remaining = passes;
+}
+
+int DistributedOptimizer::backward_passes_per_step() const { return impl_->options.backward_passes_per_step; }
+
+void DistributedOptimizer::set_sparse_grad(Parameter& parameter, const Tensor& indices, const Tensor& rows) {
+  GRADSYNC_CHECK(impl_->name_of.count(&parameter), "set_sparse_grad: '", parameter.name(),
+                 "' is not a parameter of the wrapped optimizer");
+  const bool declared = std::find(impl_->options.sparse_parameters.begin(), impl_->options.sparse_parameters.end(),
+                                  &parameter) != impl_->options.sparse_parameters.end();
+  GRADSYNC_CHECK(declared, "set_sparse_grad: '", parameter.name(),
+                 "' was not declared in sparse_parameters (every rank must know which gradients are sparse)");
+  const std::int64_t row = impl_->row_elements(parameter);
+  const std::int64_t rows_count = parameter.shape().empty() ? 1 : parameter.shape()[0];
+  GRADSYNC_CHECK(indices.dtype() == DType::i64 && indices.shape().size() == 1, "set_sparse_grad('", parameter.name(),
+                 "'): indices must be a 1-D i64 tensor, got ", indices.describe());
+  GRADSYNC_CHECK(rows.numel() == indices.numel() * row, "set_sparse_grad('", parameter.name(), "'): ", indices.numel(),
+                 " indices need ", indices.numel() * row, " row elements, got ", rows.describe());
+  const Tensor host_indices = indices.to(Device::cpu());
+  const std::int64_t* at = host_indices.data_as<std::int64_t>();
+  for (std::int64_t k = 0; k < indices.numel(); ++k) {
+    GRADSYNC_CHECK(at[k] >= 0 && at[k] < rows_count, "set_sparse_grad('", parameter.name(), "'): index ", at[k],
+                   " is outside its ", rows_count, " rows");
+  }
+  if (impl_->options.sparse_as_dense) {
+    // Densify into the gradient (adding to what earlier passes left), then it is a dense
+    // gradient like any other.
+    std::vector<double> dense = parameter.grad_defined() ? parameter.grad().to_double_vector()
+                                                         : std::vector<double>(static_cast<std::size_t>(parameter.numel()), 0.0);
+    const std::vector<double> values = rows.to_double_vector();
+    for (std::int64_t k = 0; k < indices.numel(); ++k) {
+      for (std::int64_t e = 0; e < row; ++e) {
+        dense[static_cast<std::size_t>(at[k] * row + e)] += values[static_cast<std::size_t>(k * row + e)];
+      }
+    }
+    parameter.set_grad(Tensor::from_vector(dense, parameter.shape()).to(parameter.dtype()));
+    impl_->optimizer.registry().mark_ready(parameter);
+    return;
+  }
+  SparseRows& accumulated = impl_->sparse_rows[&parameter];
+  accumulated.indices.insert(accumulated.indices.end(), at, at + indices.numel());
+  const std::vector<double> values = rows.to_double_vector();
+  accumulated.values.insert(accumulated.values.end(), values.begin(), values.end());
+  if (impl_->distributed) impl_->count_pass(parameter);
+}
+
+void DistributedOptimizer::load_state(const std::filesystem::path& path) {
+  GRADSYNC_CHECK(!impl_->pending(), "load_state while gradients are being reduced: call step() or synchronize() first");
+  impl_->optimizer.load_state(path);
+  impl_->reset_counters();
+  impl_->synchronized = false;
+  impl_->should_synchronize = true;
+}
+
+optim::Optimizer& DistributedOptimizer::optimizer() const { return impl_->optimizer; }
+const Reducer* DistributedOptimizer::reducer() const { return impl_->reducer.get(); }
+
+std::vector<std::vector<std::string>> DistributedOptimizer::group_names() const {
+  std::vector<std::vector<std::string>> names;
+  for (const auto& group : impl_->groups) {
+    names.emplace_back();
+    for (const Parameter* member : group) names.back().push_back(impl_->name_of.at(member));
+  }
+  return names;
+}
+
+void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root) {
+  GRADSYNC_CHECK(registry.finalized(), "broadcast_parameters: finalize the registry first");
+  std::vector<const Parameter*> all;
+  std::vector<std::string> names;
+  for (const Parameter& parameter : registry) {
+    all.push_back(&parameter);
+    names.push_back(parameter.name());
+  }
+  require_same_parameters(comm, all, names, "broadcast_parameters");
+  for (const Arena& arena : registry.arenas()) {
+    Tensor values = arena.values;  // one collective per arena: a few large messages
+    comm.broadcast(values, root);
+  }
+}
+
+void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
+  // The state travels as the optimizer's own checkpoint (safetensors bytes), so everything a
+  // checkpoint restores (buffers, step counts, hyperparameters) is restored here, with the
+  // same validation.
+  static std::atomic<int> counter{0};
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gradsync-state-" + std::to_string(::getpid()) + "-" + std::to_string(comm.rank()) + "-" +
+                     std::to_string(counter++) + ".safetensors");
+  std::string bytes;
+  if (comm.rank() == root) {
+    optimizer.save_state(path);
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::filesystem::remove(path);
+  }
+  bytes = broadcast_bytes(comm, bytes, root);
+  if (comm.rank() != root) {
+    {
+      std::ofstream out(path, std::ios::binary);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      GRADSYNC_CHECK(out.good(), "broadcast_optimizer_state: cannot write ", path.string());
+    }
+    try {
+      optimizer.load_state(path);
+    } catch (...) {
+      std::filesystem::remove(path);
+      throw;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+}  // namespace gradsync::dist

@@ -1,0 +1,363 @@
+// The Reducer (gradsync/dist/reducer.h): buckets over the gradient arena, ordered async launch.
+#include "gradsync/dist/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "gradsync/kernels/ops.h"
+
+namespace gradsync::dist {
+
+const char* compression_name(Compression compression) {
+  switch (compression) {
+    case Compression::none: return "none";
+    case Compression::fp16: return "fp16";
+    case Compression::bf16: return "bf16";
+  }
+  return "?";
+}
+
+Compression parse_compression(const std::string& text) {
+  if (text == "none") return Compression::none;
+  if (text == "fp16") return Compression::fp16;
+  if (text == "bf16") return Compression::bf16;
+  detail::throw_error("unknown compression '", text, "': expected one of none, fp16, bf16");
+}
+
+std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size_t>& sizes, const std::vector<int>& keys,
+                                                     const std::vector<std::size_t>& limits, BucketRule rule,
+                                                     const std::vector<int>& together) {
+  GRADSYNC_CHECK(keys.size() == sizes.size(), "assign_buckets: ", sizes.size(), " sizes but ", keys.size(), " keys");
+  GRADSYNC_CHECK(together.empty() || together.size() == sizes.size(), "assign_buckets: ", sizes.size(), " sizes but ",
+                 together.size(), " unit ids");
+  GRADSYNC_CHECK(!limits.empty(), "assign_buckets: no bucket size limit");
+
+  // Units: an index alone, or every index sharing its unit id, placed at the first one.
+  std::map<int, std::vector<std::size_t>> unit_members;
+  if (!together.empty()) {
+    for (std::size_t i = 0; i < sizes.size(); ++i) unit_members[together[i]].push_back(i);
+  }
+  struct Open {
+    std::vector<std::size_t> indices;
+    std::size_t bytes = 0;
+    std::size_t limit_index = 0;
+  };
+  std::map<int, Open> open;  // one open bucket per key
+  std::vector<std::vector<std::size_t>> closed;
+  const auto limit_of = [&](const Open& bucket) { return limits[std::min(bucket.limit_index, limits.size() - 1)]; };
+  const auto close = [&](Open& bucket) {
+    closed.push_back(std::move(bucket.indices));
+    bucket.indices.clear();
+    bucket.bytes = 0;
+    ++bucket.limit_index;
+  };
+
+  std::vector<bool> placed(sizes.size(), false);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (placed[i]) continue;
+    std::vector<std::size_t> unit{i};
+    if (!together.empty()) unit = unit_members[together[i]];
+    std::size_t unit_bytes = 0;
+    for (const std::size_t j : unit) {
+      GRADSYNC_CHECK(keys[j] == keys[i], "assign_buckets: index ", j, " is grouped with index ", i,
+                     " but has another dtype or device; a group must share one bucket");
+      unit_bytes += sizes[j];
+      placed[j] = true;
+    }
+    Open& bucket = open[keys[i]];
+    if (rule == BucketRule::fusion && !bucket.indices.empty() && bucket.bytes + unit_bytes > limit_of(bucket)) close(bucket);
+    bucket.indices.insert(bucket.indices.end(), unit.begin(), unit.end());
+    bucket.bytes += unit_bytes;
+    if (rule == BucketRule::pytorch && bucket.bytes >= limit_of(bucket)) close(bucket);
+  }
+  for (auto& [key, bucket] : open) {
+    if (!bucket.indices.empty()) close(bucket);
+  }
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) {
+    return *std::min_element(a.begin(), a.end()) < *std::min_element(b.begin(), b.end());
+  });
+  return closed;
+}
+
+namespace {
+
+// The 16-bit dtype a bucket travels in, or the bucket's own dtype when it is not compressed.
+DType wire_dtype(DType dtype, Compression compression) {
+  if (compression == Compression::none || !is_floating(dtype)) return dtype;
+  return compression == Compression::fp16 ? DType::f16 : DType::bf16;
+}
+
+}  // namespace
+
+struct Reducer::Impl {
+  ParameterRegistry& registry;
+  comm::Communicator& comm;
+  ReducerOptions options;
+
+  struct Bucket {
+    BucketInfo info;
+    Tensor flat;        // arena view, or own buffer
+    Tensor compressed;  // the wire buffer when compressing (created on first use)
+    std::vector<bool> ready;
+    std::size_t pending = 0;
+    bool launched = false;
+    comm::WorkHandle work;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // registry index -> (bucket, member); bucket npos if none
+  std::size_t next_to_launch = 0;
+  bool started = false;
+  Stats stats;
+
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  Impl(ParameterRegistry& registry_, comm::Communicator& comm_, ReducerOptions options_)
+      : registry(registry_), comm(comm_), options(std::move(options_)) {}
+
+  const std::pair<std::size_t, std::size_t>& slot(const Parameter& parameter, const char* what) const {
+    GRADSYNC_CHECK(parameter.index() < slot_of.size() && &registry[parameter.index()] == &parameter &&
+                       slot_of[parameter.index()].first != npos,
+                   what, ": parameter '", parameter.name(), "' is not reduced by this reducer");
+    return slot_of[parameter.index()];
+  }
+
+  void build(const std::vector<Parameter*>& order, const std::vector<std::vector<Parameter*>>& groups) {
+    GRADSYNC_CHECK(registry.finalized(), "Reducer: finalize the registry first");
+    slot_of.assign(registry.size(), {npos, 0});
+    std::vector<int> position(registry.size(), -1);
+    std::vector<std::size_t> sizes;
+    std::vector<int> keys;
+    std::map<std::pair<int, int>, int> key_of;  // (device code, dtype) -> key
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      Parameter* parameter = order[i];
+      GRADSYNC_CHECK(parameter != nullptr, "Reducer: parameter ", i, " of the order is null");
+      GRADSYNC_CHECK(parameter->index() < registry.size() && &registry[parameter->index()] == parameter, "Reducer: '",
+                     parameter->name(), "' belongs to another registry");
+      GRADSYNC_CHECK(parameter->requires_grad(), "Reducer: '", parameter->name(), "' is frozen (requires_grad false)");
+      GRADSYNC_CHECK(position[parameter->index()] < 0, "Reducer: '", parameter->name(), "' appears twice");
+      position[parameter->index()] = static_cast<int>(i);
+      sizes.push_back(static_cast<std::size_t>(parameter->numel()) * dtype_size(parameter->dtype()));
+      const int device_code = parameter->device().is_cpu() ? -1 : parameter->device().index;
+      const auto key = std::make_pair(device_code, static_cast<int>(parameter->dtype()));
+      keys.push_back(key_of.emplace(key, static_cast<int>(key_of.size())).first->second);
+    }
+    std::vector<int> together;
+    if (!groups.empty()) {
+      together.resize(order.size());
+      for (std::size_t i = 0; i < order.size(); ++i) together[i] = static_cast<int>(i);
+      std::vector<bool> grouped(order.size(), false);
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        for (Parameter* member : groups[g]) {
+          GRADSYNC_CHECK(member != nullptr && member->index() < registry.size() && position[member->index()] >= 0,
+                         "Reducer: group ", g, " holds a parameter that is not reduced",
+                         member != nullptr ? " ('" + member->name() + "')" : std::string());
+          const auto at = static_cast<std::size_t>(position[member->index()]);
+          GRADSYNC_CHECK(!grouped[at], "Reducer: '", member->name(), "' appears in two groups");
+          grouped[at] = true;
+          together[at] = static_cast<int>(order.size() + g);
+        }
+      }
+    }
+    for (const std::vector<std::size_t>& indices : assign_buckets(sizes, keys, options.bucket_limits, options.rule, together)) {
+      Bucket bucket;
+      bucket.info.index = buckets.size();
+      for (const std::size_t i : indices) bucket.info.members.push_back(order[i]);
+      bucket.info.dtype = bucket.info.members[0]->dtype();
+      bucket.info.device = bucket.info.members[0]->device();
+      lay_out(bucket);
+      bucket.ready.assign(bucket.info.members.size(), false);
+      bucket.pending = bucket.info.members.size();
+      for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
+        slot_of[bucket.info.members[m]->index()] = {buckets.size(), m};
+      }
+      buckets.push_back(std::move(bucket));
+    }
+  }
+
+  // A bucket whose members are neighbours in one arena is a view of it (zero copies);
+  // otherwise it gets its own flat buffer, members packed in bucket order.
+  void lay_out(Bucket& bucket) {
+    BucketInfo& info = bucket.info;
+    std::vector<Parameter*> by_offset = info.members;
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const Parameter* a, const Parameter* b) { return a->arena_offset() < b->arena_offset(); });
+    const Arena& arena = registry.arenas()[by_offset[0]->arena_index()];
+    bool neighbours = true;
+    const auto first = std::find(arena.parameters.begin(), arena.parameters.end(), by_offset[0]->index());
+    for (std::size_t k = 0; k < by_offset.size(); ++k) {
+      const auto at = first + static_cast<std::ptrdiff_t>(k);
+      neighbours = neighbours && by_offset[k]->arena_index() == by_offset[0]->arena_index() && at < arena.parameters.end() &&
+                   *at == by_offset[k]->index();
+    }
+    info.member_offset.clear();
+    if (neighbours) {
+      const std::size_t begin = by_offset.front()->arena_offset();
+      const std::size_t end = by_offset.back()->arena_offset() + static_cast<std::size_t>(by_offset.back()->numel());
+      bucket.flat = arena.grads.view(begin, {static_cast<std::int64_t>(end - begin)});
+      for (const Parameter* member : info.members) {
+        info.member_offset.push_back(static_cast<std::int64_t>(member->arena_offset() - begin));
+      }
+      info.arena_view = true;
+    } else {
+      std::int64_t offset = 0;
+      for (const Parameter* member : info.members) {
+        info.member_offset.push_back(offset);
+        offset += member->numel();
+      }
+      bucket.flat = Tensor::zeros({offset}, info.dtype, info.device);
+      info.arena_view = false;
+    }
+    info.numel = bucket.flat.numel();
+  }
+
+  Tensor member_view(Bucket& bucket, std::size_t m) const {
+    return bucket.flat.view(static_cast<std::size_t>(bucket.info.member_offset[m]), {bucket.info.members[m]->numel()});
+  }
+
+  void launch_in_order() {
+    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) launch(buckets[next_to_launch++]);
+  }
+
+  void launch(Bucket& bucket) {
+    started = true;
+    if (!bucket.info.arena_view) {
+      for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
+        Tensor target = member_view(bucket, m);
+        ops::copy(bucket.info.members[m]->grad().flatten(), target);
+      }
+    }
+    if (options.prescale != 1.0) ops::scale(bucket.flat, options.prescale);
+    Tensor* wire = &bucket.flat;
+    const DType on_wire = wire_dtype(bucket.info.dtype, options.compression);
+    if (on_wire != bucket.info.dtype) {
+      if (!bucket.compressed.defined() || bucket.compressed.dtype() != on_wire) {
+        bucket.compressed = Tensor::empty({bucket.info.numel}, on_wire, bucket.info.device);
+      }
+      ops::cast(bucket.flat, bucket.compressed);
+      wire = &bucket.compressed;
+    }
+    bucket.work = options.hook ? options.hook(comm, *wire, bucket.info) : comm.allreduce_async(*wire, options.op);
+    GRADSYNC_CHECK(bucket.work != nullptr, "Reducer: the reduce hook returned no Work for bucket ", bucket.info.index);
+    bucket.launched = true;
+    stats.bytes_communicated += static_cast<std::int64_t>(wire->nbytes());
+    ++stats.buckets_launched;
+  }
+
+  void complete(Bucket& bucket) {
+    const auto start = std::chrono::steady_clock::now();
+    bucket.work->wait();
+    stats.wait_blocked += std::chrono::steady_clock::now() - start;
+    bucket.work.reset();
+    if (bucket.compressed.defined() && wire_dtype(bucket.info.dtype, options.compression) != bucket.info.dtype) {
+      ops::cast(bucket.compressed, bucket.flat);
+    }
+    if (options.postscale != 1.0) ops::scale(bucket.flat, options.postscale);
+    for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
+      Parameter& member = *bucket.info.members[m];
+      if (!bucket.info.arena_view) {
+        Tensor result = member_view(bucket, m);
+        member.grad_for_overwrite().flatten().copy_from(result);
+      }
+      member.mark_grad_defined();
+    }
+  }
+
+  void reset_round() {
+    for (Bucket& bucket : buckets) {
+      std::fill(bucket.ready.begin(), bucket.ready.end(), false);
+      bucket.pending = bucket.info.members.size();
+      bucket.launched = false;
+      bucket.work.reset();
+    }
+    next_to_launch = 0;
+    started = false;
+  }
+};
+
+Reducer::Reducer(ParameterRegistry& registry, comm::Communicator& comm, std::vector<Parameter*> order,
+                 std::vector<std::vector<Parameter*>> groups, ReducerOptions options)
+    : impl_(std::make_unique<Impl>(registry, comm, std::move(options))) {
+  impl_->build(order, groups);
+}
+
+Reducer::~Reducer() {
+  // Outstanding reductions still write into the arena: let them finish (bounded by the
+  // communicator's timeout) before the buffers can go away. Errors were already reported.
+  for (Impl::Bucket& bucket : impl_->buckets) {
+    if (bucket.work) {
+      try {
+        bucket.work->wait();
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void Reducer::ready(const Parameter& parameter) {
+  const auto [b, m] = impl_->slot(parameter, "Reducer::ready");
+  Impl::Bucket& bucket = impl_->buckets[b];
+  GRADSYNC_CHECK(!bucket.ready[m], "the gradient of parameter '", parameter.name(),
+                 "' was marked ready twice in one backward pass");
+  bucket.ready[m] = true;
+  impl_->started = true;
+  --bucket.pending;
+  impl_->launch_in_order();
+}
+
+std::vector<Parameter*> Reducer::finish() {
+  std::vector<Parameter*> never_ready;
+  for (std::size_t b = impl_->next_to_launch; b < impl_->buckets.size(); ++b) {
+    Impl::Bucket& bucket = impl_->buckets[b];
+    for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
+      if (bucket.ready[m]) continue;
+      Parameter& member = *bucket.info.members[m];
+      never_ready.push_back(&member);
+      if (!member.grad_defined()) member.grad_for_accumulate();  // zero-filled: contributes nothing
+      bucket.ready[m] = true;
+    }
+    bucket.pending = 0;
+  }
+  impl_->launch_in_order();
+  return never_ready;
+}
+
+void Reducer::wait() {
+  GRADSYNC_CHECK(all_launched(), "Reducer::wait: bucket ", impl_->next_to_launch,
+                 " was never launched (call finish() first)");
+  try {
+    for (Impl::Bucket& bucket : impl_->buckets) impl_->complete(bucket);
+  } catch (...) {
+    impl_->reset_round();
+    throw;
+  }
+  impl_->reset_round();
+}
+
+bool Reducer::contains(const Parameter& parameter) const {
+  return parameter.index() < impl_->slot_of.size() && impl_->slot_of[parameter.index()].first != Impl::npos &&
+         &impl_->registry[parameter.index()] == &parameter;
+}
+
+bool Reducer::was_ready(const Parameter& parameter) const {
+  const auto [b, m] = impl_->slot(parameter, "Reducer::was_ready");
+  return impl_->buckets[b].ready[m];
+}
+
+bool Reducer::round_started() const { return impl_->started; }
+bool Reducer::all_launched() const { return impl_->next_to_launch == impl_->buckets.size(); }
+std::size_t Reducer::bucket_count() const { return impl_->buckets.size(); }
+const BucketInfo& Reducer::bucket(std::size_t index) const {
+  GRADSYNC_CHECK(index < impl_->buckets.size(), "Reducer::bucket: ", index, " of ", impl_->buckets.size());
+  return impl_->buckets[index].info;
+}
+std::size_t Reducer::bucket_of(const Parameter& parameter) const { return impl_->slot(parameter, "Reducer::bucket_of").first; }
+const ReducerOptions& Reducer::options() const { return impl_->options; }
+void Reducer::set_scales(double prescale, double postscale) {
+  impl_->options.prescale = prescale;
+  impl_->options.postscale = postscale;
+}
+void Reducer::set_compression(Compression compression) { impl_->options.compression = compression; }
+const Reducer::Stats& Reducer::stats() const { return impl_->stats; }
+
+}  // namespace gradsync::dist
