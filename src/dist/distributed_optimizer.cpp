@@ -328,6 +328,7 @@ struct DistributedOptimizer::Impl {
 
   void synchronize() {
     if (!distributed || adasum) {
+      if (!distributed) densify_local_sparse();
       synchronized = true;
       return;
     }

@@ -2,6 +2,7 @@
 #include "gradsync/dist/reducer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -86,6 +87,15 @@ namespace {
 DType wire_dtype(DType dtype, Compression compression) {
   if (compression == Compression::none || !is_floating(dtype)) return dtype;
   return compression == Compression::fp16 ? DType::f16 : DType::bf16;
+}
+
+// Scale factors on integer gradients truncate, as Horovod's (its tests expect an integer
+// prescale to truncate before the sum); floating gradients scale in their own dtype.
+void scale_gradient(Tensor& values, double factor) {
+  if (is_floating(values.dtype()) || factor == std::trunc(factor)) return ops::scale(values, factor);
+  Tensor wide = values.to(DType::f64);
+  ops::scale(wide, factor);
+  ops::cast(wide, values);
 }
 
 }  // namespace
@@ -227,7 +237,7 @@ struct Reducer::Impl {
         ops::copy(bucket.info.members[m]->grad().flatten(), target);
       }
     }
-    if (options.prescale != 1.0) ops::scale(bucket.flat, options.prescale);
+    if (options.prescale != 1.0) scale_gradient(bucket.flat, options.prescale);
     Tensor* wire = &bucket.flat;
     const DType on_wire = wire_dtype(bucket.info.dtype, options.compression);
     if (on_wire != bucket.info.dtype) {
@@ -252,7 +262,7 @@ struct Reducer::Impl {
     if (bucket.compressed.defined() && wire_dtype(bucket.info.dtype, options.compression) != bucket.info.dtype) {
       ops::cast(bucket.compressed, bucket.flat);
     }
-    if (options.postscale != 1.0) ops::scale(bucket.flat, options.postscale);
+    if (options.postscale != 1.0) scale_gradient(bucket.flat, options.postscale);
     for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
       Parameter& member = *bucket.info.members[m];
       if (!bucket.info.arena_view) {

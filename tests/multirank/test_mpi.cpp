@@ -3,6 +3,7 @@
 #include "gradsync/comm/mpi.h"
 
 #include "comm_checks.h"
+#include "dist_scenarios.h"
 
 namespace gradsync {
 namespace {
@@ -46,4 +47,10 @@ TEST(Mpi, ZZDebugModeReportsAMismatch) {
 }
 
 }  // namespace
+// The dist layer's main scenarios, on processes (reference/horovod.md items 19, 39-42, and
+// the N-ranks-equal-one-process equivalence).
+TEST(MpiDist, EquivalenceWithSingleProcessTraining) { testing::equivalence_with_single_process(world()); }
+TEST(MpiDist, ForceAllreduceWhenARankSkipsAParameter) { testing::force_allreduce_when_a_rank_skips_a_parameter(world()); }
+TEST(MpiDist, AdasumMath) { testing::adasum_math(world()); }
+
 }  // namespace gradsync

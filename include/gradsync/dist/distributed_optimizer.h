@@ -43,17 +43,17 @@ Op parse_op(const std::string& text);  // "average" | "sum" | "adasum" | "min" |
 struct DistributedOptimizerOptions {
   // (name, parameter) pairs; when absent every parameter's registry name is used. When given,
   // names must be unique and must cover every parameter the optimizer updates.
-  std::optional<std::vector<std::pair<std::string, Parameter*>>> named_parameters;
+  std::optional<std::vector<std::pair<std::string, Parameter*>>> named_parameters{};
   Compression compression = Compression::none;
   int backward_passes_per_step = 1;
   Op op = Op::average;
   double gradient_predivide_factor = 1.0;
   // Horovod's groups: none, a positive number of groups (the parameters split in order into
   // that many nearly equal runs), or explicit lists of parameters reduced together.
-  std::variant<std::monostate, int, std::vector<std::vector<Parameter*>>> groups;
+  std::variant<std::monostate, int, std::vector<std::vector<Parameter*>>> groups{};
   bool sparse_as_dense = false;
   // Parameters whose gradients arrive as rows (set_sparse_grad), like an embedding's.
-  std::vector<Parameter*> sparse_parameters;
+  std::vector<Parameter*> sparse_parameters{};
   // Tensor fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, default 128 MiB).
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
 };

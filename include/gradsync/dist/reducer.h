@@ -70,7 +70,7 @@ struct ReducerOptions {
   comm::ReduceOp op = comm::ReduceOp::sum;
   double prescale = 1.0;   // applied before compression (so dividing first avoids f16 overflow)
   double postscale = 1.0;  // applied after decompression
-  ReduceHook hook;         // empty: comm.allreduce_async(flat, op)
+  ReduceHook hook{};       // empty: comm.allreduce_async(flat, op)
 };
 
 struct BucketInfo {

@@ -1,0 +1,193 @@
+// Scenarios of the dist layer (Reducer, DistributedOptimizer, Adasum) written once against a
+// Communicator, run on Gloo ranks-as-threads (multirank/test_dist.cpp, world sizes 1-4) and
+// on MPI processes (multirank/test_mpi.cpp). Each is a reference-checked behaviour from
+// reference/horovod.md section 6; the item numbers are quoted.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/dist/adasum.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/reducer.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/sgd.h"
+#include "test_util.h"
+
+namespace gradsync::testing {
+
+// Linear regression written out by hand: pred = x.w + b, loss = mean 0.5 (pred - y)^2. The
+// data set is the same on every rank (seeded); a rank trains on its slice of each batch.
+struct Regression {
+  static constexpr std::int64_t kFeatures = 37;
+  ParameterRegistry registry;
+  Parameter* w;
+  Parameter* b;
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+
+  explicit Regression(std::int64_t samples, DType dtype = DType::f32) {
+    w = &registry.add("w", {kFeatures}, dtype);
+    b = &registry.add("b", {1}, dtype);
+    registry.finalize();
+    std::mt19937 rng(7);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::vector<double> truth(kFeatures);
+    for (double& t : truth) t = normal(rng);
+    for (std::int64_t s = 0; s < samples; ++s) {
+      std::vector<double> row(kFeatures);
+      double target = 0.5;
+      for (std::int64_t f = 0; f < kFeatures; ++f) {
+        row[static_cast<std::size_t>(f)] = normal(rng);
+        target += row[static_cast<std::size_t>(f)] * truth[static_cast<std::size_t>(f)];
+      }
+      x.push_back(row);
+      y.push_back(target + 0.1 * normal(rng));
+    }
+    w->value().copy_from(Tensor::from_vector(std::vector<double>(kFeatures, 0.1), {kFeatures}).to(dtype));
+  }
+
+  // Gradients of the mean loss over samples [begin, end), written and marked ready last
+  // layer first (b, then w), as an engine's backward would.
+  void backward(std::int64_t begin, std::int64_t end, bool mark_ready = true) {
+    const std::vector<double> wv = w->value().to_double_vector();
+    const double bv = b->value().to_double_vector()[0];
+    std::vector<double> gw(kFeatures, 0.0);
+    double gb = 0.0;
+    for (std::int64_t s = begin; s < end; ++s) {
+      double pred = bv;
+      for (std::int64_t f = 0; f < kFeatures; ++f) pred += x[static_cast<std::size_t>(s)][static_cast<std::size_t>(f)] * wv[static_cast<std::size_t>(f)];
+      const double error = (pred - y[static_cast<std::size_t>(s)]) / static_cast<double>(end - begin);
+      gb += error;
+      for (std::int64_t f = 0; f < kFeatures; ++f) gw[static_cast<std::size_t>(f)] += error * x[static_cast<std::size_t>(s)][static_cast<std::size_t>(f)];
+    }
+    b->accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(b->dtype()));
+    if (mark_ready) registry.mark_ready(*b);
+    w->accumulate_grad(Tensor::from_vector(gw, {kFeatures}).to(w->dtype()));
+    if (mark_ready) registry.mark_ready(*w);
+  }
+};
+
+inline void expect_near_vectors(const std::string& what, const std::vector<double>& actual,
+                                const std::vector<double>& expected, double tolerance) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], tolerance * std::max(1.0, std::abs(expected[i]))) << what << " [" << i << "]";
+  }
+}
+
+// Equivalence: N ranks with Average reach the parameters of one process training on the
+// concatenated batch (each rank's slice has the same size), for SGD with momentum and Adam.
+inline void equivalence_with_single_process(comm::Communicator& comm) {
+  const std::int64_t per_rank = 6;
+  const std::int64_t batch = per_rank * comm.size();
+  const int steps = 5;
+  for (const std::string kind : {"sgd", "adam"}) {
+    Regression distributed(batch * steps);
+    Regression single(batch * steps);
+    std::unique_ptr<optim::Optimizer> inner;
+    std::unique_ptr<optim::Optimizer> reference;
+    if (kind == "sgd") {
+      inner = std::make_unique<optim::SGD>(distributed.registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false, .maximize = false});
+      reference = std::make_unique<optim::SGD>(single.registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false, .maximize = false});
+    } else {
+      inner = std::make_unique<optim::Adam>(distributed.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .amsgrad = false, .maximize = false});
+      reference = std::make_unique<optim::Adam>(single.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .amsgrad = false, .maximize = false});
+    }
+    dist::DistributedOptimizer optimizer(*inner, comm);
+    for (int step = 0; step < steps; ++step) {
+      const std::int64_t start = step * batch;
+      distributed.backward(start + comm.rank() * per_rank, start + (comm.rank() + 1) * per_rank);
+      optimizer.step();
+      optimizer.zero_grad();
+      single.backward(start, start + batch, /*mark_ready=*/false);
+      reference->step();
+      reference->zero_grad();
+    }
+    // f32 sums in a different order: a few ulps per step.
+    expect_near_vectors(kind + " w", distributed.w->value().to_double_vector(), single.w->value().to_double_vector(), 2e-5);
+    expect_near_vectors(kind + " b", distributed.b->value().to_double_vector(), single.b->value().to_double_vector(), 2e-5);
+  }
+}
+
+// Checklist 19: a rank whose graph skips a parameter (its gradient never defined, never
+// marked ready) still completes step(); the parameter gets the others' contributions.
+inline void force_allreduce_when_a_rank_skips_a_parameter(comm::Communicator& comm) {
+  ParameterRegistry registry;
+  Parameter& head_a = registry.add("head_a", {5});
+  Parameter& head_b = registry.add("head_b", {3});
+  registry.finalize();
+  optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false, .maximize = false});
+  dist::DistributedOptimizer optimizer(sgd, comm, {.op = dist::Op::sum});
+  head_a.set_grad(Tensor::from_vector(std::vector<float>(5, 1.0f), {5}));
+  registry.mark_ready(head_a);
+  if (comm.rank() != 0) {  // rank 0 uses head A only
+    head_b.set_grad(Tensor::from_vector(std::vector<float>(3, 2.0f), {3}));
+    registry.mark_ready(head_b);
+  }
+  optimizer.step();
+  const double n = comm.size();
+  expect_near_vectors("head_a", head_a.value().to_double_vector(), std::vector<double>(5, -n), 0);
+  expect_near_vectors("head_b", head_b.value().to_double_vector(), std::vector<double>(3, -2.0 * (n - 1)), 0);
+  optimizer.zero_grad();
+}
+
+// Checklist 39-42 on whatever world this is (a power of two).
+inline void adasum_math(comm::Communicator& comm) {
+  const int n = comm.size();
+  for (const std::int64_t length : {std::int64_t{20} * n - 17, std::int64_t{2} * n + 1, std::int64_t{n} + 2, std::int64_t{1} << 16}) {
+    // Orthogonal: rank r holds e_r scaled (disjoint supports), so the result is their sum.
+    std::vector<double> mine(static_cast<std::size_t>(length), 0.0);
+    std::vector<double> sum(static_cast<std::size_t>(length), 0.0);
+    for (int r = 0; r < n; ++r) {
+      for (std::int64_t i = r; i < length; i += n) {
+        const double value = 1.0 + 0.25 * r + 0.001 * static_cast<double>(i);
+        sum[static_cast<std::size_t>(i)] = value;
+        if (r == comm.rank()) mine[static_cast<std::size_t>(i)] = value;
+      }
+    }
+    for (const DType dtype : {DType::f32, DType::f64}) {
+      Tensor t = Tensor::from_vector(mine, {length}).to(dtype);
+      dist::adasum_allreduce(comm, t, {{0, length}});
+      expect_near_vectors("orthogonal " + std::string(dtype_name(dtype)) + " length " + std::to_string(length),
+                          t.to_double_vector(), Tensor::from_vector(sum, {length}).to(dtype).to_double_vector(),
+                          dtype == DType::f32 ? 1e-6 : 1e-12);
+    }
+    // Parallel: rank r holds (r + 1) v, so the result is the mean ((n + 1) / 2) v; also at
+    // tiny and huge magnitudes (stability).
+    for (const double magnitude : {1.0, 1e-30, 1e30, 1e-70, 1e120}) {
+      std::vector<double> v(static_cast<std::size_t>(length));
+      for (std::int64_t i = 0; i < length; ++i) v[static_cast<std::size_t>(i)] = magnitude * std::sin(0.1 * static_cast<double>(i) + 1.0);
+      std::vector<double> scaled = v;
+      for (double& value : scaled) value *= comm.rank() + 1;
+      std::vector<double> mean = v;
+      for (double& value : mean) value *= (n + 1) / 2.0;
+      Tensor t = Tensor::from_vector(scaled, {length});
+      dist::adasum_allreduce(comm, t, {{0, length}});
+      const std::vector<double> got = t.to_double_vector();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_NEAR(got[i] / magnitude, mean[i] / magnitude, 1e-9) << "parallel, magnitude " << magnitude << " [" << i << "]";
+      }
+    }
+  }
+  // Per tensor inside one buffer: the first tensor parallel (mean), the second orthogonal (sum).
+  {
+    std::vector<double> values(8, 0.0);
+    for (int i = 0; i < 4; ++i) values[static_cast<std::size_t>(i)] = (comm.rank() + 1) * (i + 1.0);
+    values[4 + static_cast<std::size_t>(comm.rank() % 4)] = 1.0;
+    Tensor t = Tensor::from_vector(values, {8});
+    dist::adasum_allreduce(comm, t, {{0, 4}, {4, 4}});
+    const std::vector<double> got = t.to_double_vector();
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[static_cast<std::size_t>(i)], (n + 1) / 2.0 * (i + 1.0), 1e-9);
+    if (n <= 4) {
+      for (int r = 0; r < 4; ++r) EXPECT_NEAR(got[4 + static_cast<std::size_t>(r)], r < n ? 1.0 : 0.0, 1e-9);
+    }
+  }
+}
+
+}  // namespace gradsync::testing
