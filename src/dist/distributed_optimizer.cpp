@@ -136,10 +136,12 @@ struct DistributedOptimizer::Impl {
                      " ranks)");
     }
 
-    // Adasum reduces dense deltas of every parameter, sparse ones included.
+    // Bucket order: reverse registration order, the order a backward pass produces gradients
+    // in (the last layer's first), so the first bucket can launch while earlier layers are
+    // still computing. Adasum reduces dense deltas of every parameter, sparse ones included.
     std::vector<Parameter*> dense;
-    for (Parameter* parameter : parameters) {
-      if (adasum || !sparse.count(parameter)) dense.push_back(parameter);
+    for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
+      if (adasum || !sparse.count(*it)) dense.push_back(*it);
     }
     std::vector<std::vector<Parameter*>> dense_groups;
     for (const auto& group : groups) {

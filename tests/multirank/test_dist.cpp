@@ -569,6 +569,34 @@ TEST(Adasum, OptimizerReducesTheDeltaOfALocalSgdStep) {
   });
 }
 
+// Item 25: a GAN, two optimizers over one registry, each phase training one of them; the
+// other's parameters are never marked ready in that phase. Ten iterations, no hang.
+TEST(DistributedOptimizer, TwoOptimizersOnOneRegistryLikeAGan) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& generator = registry.add("generator.w", {4});
+    Parameter& discriminator = registry.add("discriminator.w", {4});
+    registry.finalize();
+    optim::SGD generator_sgd(registry, std::vector<optim::SGD::Group>{{{&generator}, plain_sgd(0.1)}});
+    optim::SGD discriminator_sgd(registry, std::vector<optim::SGD::Group>{{{&discriminator}, plain_sgd(0.1)}});
+    DistributedOptimizer generator_opt(generator_sgd, comm);
+    DistributedOptimizer discriminator_opt(discriminator_sgd, comm);
+    for (int iteration = 0; iteration < 10; ++iteration) {
+      discriminator.set_grad(Tensor::from_vector(std::vector<float>(4, float(comm.rank() + 1)), {4}));
+      registry.mark_ready(discriminator);
+      discriminator_opt.step();
+      discriminator_opt.zero_grad();
+      EXPECT_FALSE(generator.grad_defined());
+      generator.set_grad(Tensor::from_vector(std::vector<float>(4, 1.0f), {4}));
+      registry.mark_ready(generator);
+      generator_opt.step();
+      generator_opt.zero_grad();
+    }
+    EXPECT_NEAR(discriminator.value().to_double_vector()[0], -10 * 0.1 * 1.5, 1e-5);
+    EXPECT_NEAR(generator.value().to_double_vector()[0], -10 * 0.1, 1e-5);
+  });
+}
+
 // Item 56: one rank, no communication.
 TEST(DistributedOptimizer, WorldOfOneStepsPlainly) {
   comm::run_gloo_thread_group(1, [](Communicator& comm) {
