@@ -368,6 +368,10 @@ void Reducer::set_scales(double prescale, double postscale) {
   impl_->options.postscale = postscale;
 }
 void Reducer::set_compression(Compression compression) { impl_->options.compression = compression; }
+void Reducer::set_hook(ReduceHook hook) {
+  GRADSYNC_CHECK(!impl_->started, "Reducer::set_hook during a round");
+  impl_->options.hook = std::move(hook);
+}
 const Reducer::Stats& Reducer::stats() const { return impl_->stats; }
 
 }  // namespace gradsync::dist

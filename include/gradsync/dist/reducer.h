@@ -120,6 +120,7 @@ class Reducer {
   const ReducerOptions& options() const;
   void set_scales(double prescale, double postscale);
   void set_compression(Compression compression);
+  void set_hook(ReduceHook hook);  // between rounds
 
   // Statistics since construction: bytes handed to the communicator, launches, and the time
   // wait() spent blocked (communication not hidden behind the caller's work).

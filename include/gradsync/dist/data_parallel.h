@@ -1,0 +1,149 @@
+// gradsync/dist/data_parallel.h - PyTorch DDP's gradient synchronization for any engine, and
+// Composer's sync strategies on top.
+//
+// The low-level API, for a custom engine (no Module class needed):
+//
+//   dist::DataParallel ddp(registry, comm, {.find_unused_parameters = true});
+//   for each microbatch:
+//     ddp.begin_backward();                 // optional: the first ready signal begins it too
+//     ... engine writes gradients, registry.mark_ready(p) for each, any order ...
+//     ddp.end_backward();                   // synced backward: waits, writes reduced gradients
+//   optimizer.step(); optimizer.zero_grad();
+//
+// Construction checks that every rank holds the same parameters (names, shapes, dtypes, in
+// order) and broadcasts every parameter and buffer (frozen parameter) from rank 0.
+//
+// Semantics (reference/ddp.md), with its section 6's improvements:
+//  * buckets: bucket_cap_mb (25) with a 1 MiB first bucket, formed in reverse registration
+//    order (the order a backward produces gradients in), one dtype and device each, views of
+//    the gradient arena; launched in order while the backward goes on;
+//  * the gradient is divided by the world size before the sum, as PyTorch's reducer does; with
+//    no_sync, gradients accumulate locally (undivided) and the next synced backward reduces the
+//    accumulated sum, divided once;
+//  * usage is tracked over the whole accumulation window (no_sync microbatches included);
+//  * end of a synced backward: whatever was not signalled is launched in order (zero-filled
+//    where undefined), then one small allreduce at a fixed position carries the usage bitmap
+//    and each rank's "I missed gradients" flag. With find_unused_parameters, globally unused
+//    parameters keep an undefined gradient and locally unused but globally used ones get the
+//    reduced value. Without it, a rank that missed gradients raises an error naming them, and
+//    every other rank raises one naming that rank, at the end of that same backward: no hang,
+//    no wait for a timeout;
+//  * a parameter marked ready twice in one backward is an error naming it;
+//  * compression: fp16 / bf16 (divide by the world size first, then cast: values near the f16
+//    maximum do not overflow), or one user hook (no pre-division, as PyTorch's hooks).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/dist/reducer.h"
+#include "gradsync/registry/parameter_registry.h"
+
+namespace gradsync::dist {
+
+struct DataParallelOptions {
+  std::optional<double> bucket_cap_mb{};  // unset: 25 MiB with a 1 MiB first bucket; set: that cap for all
+  bool find_unused_parameters = false;
+  bool broadcast_parameters = true;  // from rank 0 at construction (buffers included)
+  Compression compression = Compression::none;
+};
+
+class DDPSyncContext;
+
+class DataParallel {
+ public:
+  DataParallel(ParameterRegistry& registry, comm::Communicator& comm, DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  void begin_backward();
+  void end_backward();
+  bool in_backward() const;
+
+  // RAII: backwards begun while a guard lives do not synchronize; nestable.
+  class NoSync {
+   public:
+    explicit NoSync(DataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DataParallel& ddp_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  bool sync_enabled() const;
+
+  // Reduces every gradient now (zero-filled where undefined, in the buckets, then the usage
+  // bitmap decides defined versus undefined): what FORCED_SYNC does after the last microbatch.
+  void synchronize_all();
+
+  // One communication hook, replacing the allreduce: it gets each bucket's flat buffer (not
+  // pre-divided). A second registration is an error.
+  void register_comm_hook(ReduceHook hook);
+
+  // The usage bitmap of the last synced step, summed over ranks (ddp.md checklist 15).
+  const std::vector<int>& last_used_counts() const;
+  const Reducer& reducer() const;
+  comm::Communicator& communicator() const;
+  ParameterRegistry& registry() const;
+  const DataParallelOptions& options() const;
+
+ private:
+  friend class NoSync;
+  friend class DDPSyncContext;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Composer's sync strategies --------------------------------------------------------------
+
+enum class DDPSyncStrategy { single_auto_sync, multi_auto_sync, forced_sync, auto_select };
+const char* sync_strategy_name(DDPSyncStrategy strategy);
+// "single_auto_sync" | "multi_auto_sync" | "forced_sync" | "auto"; anything else is an error listing them.
+DDPSyncStrategy parse_sync_strategy(const std::string& text);
+// Composer's trainer default: MULTI when find_unused_parameters, else SINGLE.
+DDPSyncStrategy default_sync_strategy(bool find_unused_parameters);
+
+// Composer's ddp_sync_context, as an RAII guard around one microbatch (its forward and backward):
+//  * SINGLE: microbatches before the final one run under no_sync; the final one syncs during
+//    its backward (overlapped);
+//  * MULTI: every microbatch syncs;
+//  * FORCED: every microbatch runs under no_sync; when the final one's guard closes, every
+//    gradient is reduced (synchronize_all: bucketed, zero-filled where undefined, defined
+//    versus undefined from the reduced bitmap, so it cannot hang when ranks differ in which
+//    gradients exist, Composer #1086);
+//  * AUTO (ours): the first windows try each of the three (two windows each), then the
+//    fastest by the ranks' summed window times is kept for the rest of the run; the choice is
+//    the same on every rank and is logged once.
+// close() ends the context (and runs FORCED's synchronization, which can throw); the destructor
+// calls it unless an exception is already unwinding (then nothing is communicated).
+class DDPSyncContext {
+ public:
+  DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy);
+  ~DDPSyncContext() noexcept(false);
+  DDPSyncContext(const DDPSyncContext&) = delete;
+  DDPSyncContext& operator=(const DDPSyncContext&) = delete;
+  void close();
+  DDPSyncStrategy strategy() const { return strategy_; }  // AUTO: the one used for this window
+
+ private:
+  DataParallel& ddp_;
+  bool final_;
+  DDPSyncStrategy strategy_;
+  bool auto_window_ = false;
+  std::optional<DataParallel::NoSync> no_sync_;
+  bool closed_ = false;
+  int uncaught_ = 0;
+};
+
+[[nodiscard]] inline DDPSyncContext ddp_sync_context(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy) {
+  return DDPSyncContext(ddp, is_final_microbatch, strategy);
+}
+
+}  // namespace gradsync::dist

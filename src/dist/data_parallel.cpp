@@ -1,0 +1,293 @@
+// DataParallel and the sync strategies (gradsync/dist/data_parallel.h).
+#include "gradsync/dist/data_parallel.h"
+
+#include <array>
+#include <cstdio>
+#include <exception>
+#include <sstream>
+
+#include "consistency.h"
+
+namespace gradsync::dist {
+
+using Clock = std::chrono::steady_clock;
+
+struct DataParallel::Impl {
+  ParameterRegistry& registry;
+  comm::Communicator& comm;
+  DataParallelOptions options;
+  std::vector<Parameter*> parameters;  // trainable, registry order
+  std::unique_ptr<Reducer> reducer;
+  ParameterRegistry::Subscription subscription;
+
+  int no_sync_depth = 0;
+  bool in_backward = false;
+  bool backward_syncs = false;
+  std::vector<bool> ready_this_backward;  // by registry index
+  std::vector<bool> used_in_window;       // by registry index, since the last synced finalize
+  std::vector<int> last_used_counts;      // by position in `parameters`
+  bool hook_registered = false;
+
+  // AUTO: window 0 warms up, windows 1-6 try SINGLE, SINGLE, MULTI, MULTI, FORCED, FORCED.
+  struct AutoState {
+    int window = 0;
+    bool active = false;
+    DDPSyncStrategy current = DDPSyncStrategy::single_auto_sync;
+    Clock::time_point start;
+    std::array<double, 3> seconds{};
+    std::optional<DDPSyncStrategy> chosen;
+  } automatic;
+
+  Impl(ParameterRegistry& registry_, comm::Communicator& comm_, DataParallelOptions options_)
+      : registry(registry_), comm(comm_), options(options_) {}
+
+  void construct() {
+    GRADSYNC_CHECK(registry.finalized(), "DataParallel: finalize the registry first");
+    std::vector<const Parameter*> everything;
+    std::vector<std::string> names;
+    for (Parameter& parameter : registry) {
+      everything.push_back(&parameter);
+      names.push_back(parameter.name());
+      if (parameter.requires_grad()) parameters.push_back(&parameter);
+    }
+    GRADSYNC_CHECK(!parameters.empty(),
+                   "DataParallel is not needed when a module doesn't have any parameter that requires a gradient.");
+    // The same model everywhere (ddp.md section 3's verification, naming both views), then
+    // rank 0's values everywhere: parameters and buffers (frozen parameters) alike.
+    require_same_parameters(comm, everything, names, "DataParallel");
+    if (options.broadcast_parameters) {
+      for (const Arena& arena : registry.arenas()) {
+        Tensor values = arena.values;
+        comm.broadcast(values, 0);
+      }
+    }
+    ReducerOptions reducer_options;
+    if (options.bucket_cap_mb) {
+      GRADSYNC_CHECK(*options.bucket_cap_mb > 0, "bucket_cap_mb must be positive, got ", *options.bucket_cap_mb);
+      reducer_options.bucket_limits = {static_cast<std::size_t>(*options.bucket_cap_mb * (1 << 20))};
+    } else {
+      reducer_options.bucket_limits = {std::size_t{1} << 20, std::size_t{25} << 20};
+    }
+    reducer_options.rule = BucketRule::pytorch;
+    reducer_options.compression = options.compression;
+    reducer_options.op = comm::ReduceOp::sum;
+    reducer_options.prescale = 1.0 / comm.size();  // divide before the sum, as PyTorch
+    std::vector<Parameter*> backward_order(parameters.rbegin(), parameters.rend());
+    reducer = std::make_unique<Reducer>(registry, comm, backward_order, std::vector<std::vector<Parameter*>>{},
+                                        reducer_options);
+    ready_this_backward.assign(registry.size(), false);
+    used_in_window.assign(registry.size(), false);
+    subscription = registry.on_ready([this](Parameter& parameter) { on_ready(parameter); });
+  }
+
+  void begin_backward() {
+    GRADSYNC_CHECK(!in_backward, "DataParallel::begin_backward: the previous backward was not ended (call end_backward())");
+    in_backward = true;
+    backward_syncs = no_sync_depth == 0;
+    std::fill(ready_this_backward.begin(), ready_this_backward.end(), false);
+  }
+
+  void on_ready(Parameter& parameter) {
+    if (!reducer->contains(parameter)) return;
+    if (!in_backward) begin_backward();  // the first ready signal begins a backward
+    GRADSYNC_CHECK(!ready_this_backward[parameter.index()],
+                   "Expected to mark a variable ready only once. Parameter at index ", parameter.index(), " with name '",
+                   parameter.name(), "' has been marked as ready twice in this backward pass.");
+    ready_this_backward[parameter.index()] = true;
+    used_in_window[parameter.index()] = true;
+    if (backward_syncs) reducer->ready(parameter);
+  }
+
+  void end_backward() {
+    GRADSYNC_CHECK(in_backward, "DataParallel::end_backward without a backward (no begin_backward() nor ready signal)");
+    in_backward = false;
+    if (backward_syncs) finalize(/*tolerate_missing=*/options.find_unused_parameters);
+  }
+
+  // The end of a synchronized step: every bucket launched (zero-filled where undefined), the
+  // status allreduce at a fixed position, the waits, and the defined/undefined decision.
+  void finalize(bool tolerate_missing) {
+    const std::size_t count = parameters.size();
+    const int world = comm.size();
+    std::vector<bool> undefined_before(count);
+    std::vector<std::size_t> missing;
+    for (std::size_t i = 0; i < count; ++i) {
+      undefined_before[i] = !parameters[i]->grad_defined();
+      if (!used_in_window[parameters[i]->index()]) missing.push_back(i);
+    }
+    reducer->finish();
+    // Status: [usage bitmap of the window | one "missed gradients" flag per rank], summed.
+    Tensor status = Tensor::zeros({static_cast<std::int64_t>(count) + world}, DType::i32);
+    std::int32_t* words = status.data_as<std::int32_t>();
+    for (std::size_t i = 0; i < count; ++i) words[i] = used_in_window[parameters[i]->index()] ? 1 : 0;
+    if (!tolerate_missing && !missing.empty()) words[count + static_cast<std::size_t>(comm.rank())] = 1;
+    comm::WorkHandle status_work = comm.allreduce_async(status, comm::ReduceOp::sum);
+    std::fill(used_in_window.begin(), used_in_window.end(), false);
+    reducer->wait();
+    status_work->wait();
+    last_used_counts.assign(words, words + count);
+
+    std::vector<int> missed_ranks;
+    for (int r = 0; r < world; ++r) {
+      if (words[count + static_cast<std::size_t>(r)] != 0) missed_ranks.push_back(r);
+    }
+    if (!missed_ranks.empty()) raise_missing(missing, missed_ranks);
+    // Globally unused parameters keep an undefined gradient (the zero-fill was only for the
+    // collective); locally unused but globally used ones keep the reduced value.
+    for (std::size_t i = 0; i < count; ++i) {
+      if (last_used_counts[i] == 0 && undefined_before[i]) parameters[i]->zero_grad(/*set_to_undefined=*/true);
+    }
+  }
+
+  [[noreturn]] void raise_missing(const std::vector<std::size_t>& missing, const std::vector<int>& missed_ranks) {
+    std::ostringstream message;
+    if (!missing.empty()) {
+      message << "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+                 "indicates that your module has parameters that were not used in producing loss. You can enable "
+                 "unused parameter detection by setting find_unused_parameters in DataParallelOptions, and by making "
+                 "sure all outputs participate in calculating loss.\nParameter indices which did not receive grad for rank "
+              << comm.rank() << ":";
+      for (const std::size_t i : missing) message << " " << parameters[i]->index();
+      message << "\nParameters which did not receive grad for rank " << comm.rank() << ":";
+      for (std::size_t k = 0; k < missing.size(); ++k) message << (k ? ", " : " ") << parameters[missing[k]]->name();
+    } else {
+      message << "rank";
+      for (std::size_t k = 0; k < missed_ranks.size(); ++k) message << (k ? ", " : " ") << missed_ranks[k];
+      message << " did not produce a gradient for every parameter in this backward (find_unused_parameters is off); "
+                 "the gradients of this step are incomplete. See that rank's error for the parameters.";
+    }
+    throw Error(message.str());
+  }
+
+  void synchronize_all() {
+    GRADSYNC_CHECK(!in_backward, "DataParallel::synchronize_all inside a backward: call end_backward() first");
+    finalize(/*tolerate_missing=*/true);
+  }
+};
+
+DataParallel::DataParallel(ParameterRegistry& registry, comm::Communicator& comm, DataParallelOptions options)
+    : impl_(std::make_unique<Impl>(registry, comm, options)) {
+  impl_->construct();
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::begin_backward() { impl_->begin_backward(); }
+void DataParallel::end_backward() { impl_->end_backward(); }
+bool DataParallel::in_backward() const { return impl_->in_backward; }
+bool DataParallel::sync_enabled() const { return impl_->no_sync_depth == 0; }
+void DataParallel::synchronize_all() { impl_->synchronize_all(); }
+const std::vector<int>& DataParallel::last_used_counts() const { return impl_->last_used_counts; }
+const Reducer& DataParallel::reducer() const { return *impl_->reducer; }
+comm::Communicator& DataParallel::communicator() const { return impl_->comm; }
+ParameterRegistry& DataParallel::registry() const { return impl_->registry; }
+const DataParallelOptions& DataParallel::options() const { return impl_->options; }
+
+void DataParallel::register_comm_hook(ReduceHook hook) {
+  GRADSYNC_CHECK(!impl_->hook_registered, "register_comm_hook can only be called once.");
+  GRADSYNC_CHECK(static_cast<bool>(hook), "Communication hook must be callable.");
+  GRADSYNC_CHECK(!impl_->reducer->round_started(), "register_comm_hook during a backward");
+  impl_->hook_registered = true;
+  impl_->reducer->set_hook(std::move(hook));
+  impl_->reducer->set_scales(1.0, 1.0);  // a hook gets the gradients as they are, as PyTorch's
+}
+
+DataParallel::NoSync::NoSync(DataParallel& ddp) : ddp_(ddp) { ++ddp_.impl_->no_sync_depth; }
+DataParallel::NoSync::~NoSync() { --ddp_.impl_->no_sync_depth; }
+
+// ---- sync strategies -------------------------------------------------------------------------
+
+const char* sync_strategy_name(DDPSyncStrategy strategy) {
+  switch (strategy) {
+    case DDPSyncStrategy::single_auto_sync: return "single_auto_sync";
+    case DDPSyncStrategy::multi_auto_sync: return "multi_auto_sync";
+    case DDPSyncStrategy::forced_sync: return "forced_sync";
+    case DDPSyncStrategy::auto_select: return "auto";
+  }
+  return "?";
+}
+
+DDPSyncStrategy parse_sync_strategy(const std::string& text) {
+  for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
+                                         DDPSyncStrategy::forced_sync, DDPSyncStrategy::auto_select}) {
+    if (text == sync_strategy_name(strategy)) return strategy;
+  }
+  detail::throw_error("'", text, "' is not a valid DDPSyncStrategy: expected one of single_auto_sync, multi_auto_sync, ",
+                      "forced_sync, auto");
+}
+
+DDPSyncStrategy default_sync_strategy(bool find_unused_parameters) {
+  return find_unused_parameters ? DDPSyncStrategy::multi_auto_sync : DDPSyncStrategy::single_auto_sync;
+}
+
+namespace {
+constexpr std::array<DDPSyncStrategy, 3> kCandidates{DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
+                                                     DDPSyncStrategy::forced_sync};
+constexpr int kTrialWindows = 2;  // per candidate, after one warm-up window
+}  // namespace
+
+DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy)
+    : ddp_(ddp), final_(is_final_microbatch), strategy_(strategy), uncaught_(std::uncaught_exceptions()) {
+  if (strategy_ == DDPSyncStrategy::auto_select) {
+    auto& state = ddp_.impl_->automatic;
+    if (state.chosen) {
+      strategy_ = *state.chosen;
+    } else {
+      if (!state.active) {
+        state.active = true;
+        state.start = Clock::now();
+        state.current = state.window == 0 ? DDPSyncStrategy::single_auto_sync
+                                          : kCandidates[static_cast<std::size_t>((state.window - 1) / kTrialWindows)];
+      }
+      strategy_ = state.current;
+      auto_window_ = true;
+    }
+  }
+  const bool unsynced = (strategy_ == DDPSyncStrategy::single_auto_sync && !final_) ||
+                        strategy_ == DDPSyncStrategy::forced_sync;
+  if (unsynced) no_sync_.emplace(ddp_);
+}
+
+void DDPSyncContext::close() {
+  if (closed_) return;
+  closed_ = true;
+  no_sync_.reset();
+  if (!final_) return;
+  if (strategy_ == DDPSyncStrategy::forced_sync) ddp_.synchronize_all();
+  if (!auto_window_) return;
+  auto& state = ddp_.impl_->automatic;
+  const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
+  if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindows)] += seconds;
+  state.active = false;
+  ++state.window;
+  if (state.window == 1 + kTrialWindows * static_cast<int>(kCandidates.size())) {
+    // Every rank decides from the same summed times, at the same window: the same choice.
+    comm::Communicator& comm = ddp_.communicator();
+    Tensor times = Tensor::from_vector(std::vector<double>(state.seconds.begin(), state.seconds.end()), {3});
+    comm.allreduce(times, comm::ReduceOp::sum);
+    const std::vector<double> summed = times.to_double_vector();
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < summed.size(); ++k) {
+      if (summed[k] < summed[best]) best = k;
+    }
+    state.chosen = kCandidates[best];
+    if (comm.rank() == 0) {
+      std::fprintf(stderr,
+                   "gradsync: DDPSyncStrategy auto chose %s (mean window ms over %d windows each, summed over ranks: "
+                   "single %.2f, multi %.2f, forced %.2f)\n",
+                   sync_strategy_name(*state.chosen), kTrialWindows, summed[0] * 1e3 / kTrialWindows,
+                   summed[1] * 1e3 / kTrialWindows, summed[2] * 1e3 / kTrialWindows);
+    }
+  }
+}
+
+DDPSyncContext::~DDPSyncContext() noexcept(false) {
+  if (std::uncaught_exceptions() > uncaught_) {
+    closed_ = true;  // unwinding: restore no_sync, communicate nothing
+    no_sync_.reset();
+    return;
+  }
+  close();
+}
+
+}  // namespace gradsync::dist
