@@ -1,0 +1,120 @@
+// The nn layers on a CUDA device: Linear through cuBLAS, the rest as small kernels. Everything
+// runs on the default stream, where gradsync's kernels run and after which the NCCL
+// communicator orders its work. Row-major [rows, cols] buffers are column-major [cols, rows]
+// to cuBLAS, so each product below is written transposed (the comments give the row-major
+// meaning and the column-major call).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "../../core/cuda_check.h"
+#include "../../kernels/cuda/device_scope.h"
+#include "../nn_kernels.h"
+
+namespace gradsync::nn::cuda {
+
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    detail::throw_error("cuBLAS call ", call, " failed: ", cublasGetStatusString(status));
+  }
+}
+
+// One handle per device, created on first use.
+cublasHandle_t handle(int device) {
+  static thread_local cublasHandle_t handles[64] = {};
+  if (handles[device] == nullptr) check_cublas(cublasCreate(&handles[device]), "cublasCreate");
+  return handles[device];
+}
+
+template <typename T>
+void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const T* a, int lda,
+          const T* b, int ldb, T beta, T* c, int ldc) {
+  if constexpr (sizeof(T) == 4) {
+    check_cublas(cublasSgemm(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "cublasSgemm");
+  } else {
+    check_cublas(cublasDgemm(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "cublasDgemm");
+  }
+}
+
+template <typename T>
+__global__ void add_bias(T* y, const T* b, long long rows, long long cols) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i < rows * cols) y[i] += b[i % cols];
+}
+
+template <typename T>
+__global__ void accumulate_column_sums(const T* gy, T* gb, long long rows, long long cols) {
+  const long long j = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  T sum = 0;
+  for (long long i = 0; i < rows; ++i) sum += gy[i * cols + j];
+  gb[j] += sum;
+}
+
+template <typename T>
+__global__ void relu(const T* x, T* y, long long n) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+template <typename T>
+__global__ void relu_grad(const T* y, const T* gy, T* gx, long long n) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i < n) gx[i] = y[i] > T(0) ? gy[i] : T(0);
+}
+
+unsigned blocks(long long n) { return static_cast<unsigned>((n + 255) / 256); }
+
+template <typename Fn>
+void with_float(DType dtype, Fn&& fn) {
+  if (dtype == DType::f32) return fn(float{});
+  if (dtype == DType::f64) return fn(double{});
+  detail::throw_error("nn layers compute in f32 or f64, got ", dtype_name(dtype));
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  kernels::cuda::DeviceScope scope(x.device());
+  const int batch = static_cast<int>(x.shape()[0]), in = static_cast<int>(w.shape()[1]), out = static_cast<int>(w.shape()[0]);
+  with_float(x.dtype(), [&]<typename T>(T) {
+    // y[B,out] = x[B,in] W[out,in]^T   <=>   y^T = W x^T: gemm(T, N, out, B, in)
+    gemm<T>(handle(x.device().index), CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, T(1), w.data_as<T>(), in, x.data_as<T>(), in,
+            T(0), y.data_as<T>(), out);
+    add_bias<T><<<blocks(static_cast<long long>(batch) * out), 256>>>(y.data_as<T>(), b.data_as<T>(), batch, out);
+  });
+  GRADSYNC_CUDA_CHECK(cudaGetLastError());
+}
+
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& gy, Tensor& gw, Tensor& gb, Tensor& gx) {
+  kernels::cuda::DeviceScope scope(x.device());
+  const int batch = static_cast<int>(x.shape()[0]), in = static_cast<int>(w.shape()[1]), out = static_cast<int>(w.shape()[0]);
+  with_float(x.dtype(), [&]<typename T>(T) {
+    cublasHandle_t h = handle(x.device().index);
+    // gw[out,in] += gy^T x   <=>   gw^T += x^T gy: gemm(N, T, in, out, B), beta 1
+    gemm<T>(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, T(1), x.data_as<T>(), in, gy.data_as<T>(), out, T(1),
+            gw.data_as<T>(), in);
+    // gx[B,in] = gy W   <=>   gx^T = W^T gy^T: gemm(N, N, in, B, out)
+    gemm<T>(h, CUBLAS_OP_N, CUBLAS_OP_N, in, batch, out, T(1), w.data_as<T>(), in, gy.data_as<T>(), out, T(0),
+            gx.data_as<T>(), in);
+    accumulate_column_sums<T><<<blocks(out), 256>>>(gy.data_as<T>(), gb.data_as<T>(), batch, out);
+  });
+  GRADSYNC_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  kernels::cuda::DeviceScope scope(x.device());
+  with_float(x.dtype(), [&]<typename T>(T) { relu<T><<<blocks(x.numel()), 256>>>(x.data_as<T>(), y.data_as<T>(), x.numel()); });
+  GRADSYNC_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_backward(const Tensor& y, const Tensor& gy, Tensor& gx) {
+  kernels::cuda::DeviceScope scope(y.device());
+  with_float(y.dtype(), [&]<typename T>(T) {
+    relu_grad<T><<<blocks(y.numel()), 256>>>(y.data_as<T>(), gy.data_as<T>(), gx.data_as<T>(), y.numel());
+  });
+  GRADSYNC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gradsync::nn::cuda
