@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A run interrupted at epoch 20 and resumed from its checkpoint must end bit for bit where
+# bring_your_own_engine: a run interrupted at epoch 12 and resumed from its checkpoint must end bit for bit where
 # an uninterrupted run ends.
 set -euo pipefail
 trainer=$1

@@ -1,27 +1,31 @@
-// linear_regression: the smallest complete training loop on gradsync's foundation.
+// bring_your_own_engine: the smallest data-parallel program on gradsync's low-level API, with
+// an "engine" written by hand: linear regression y = x.w + b with a mean squared error.
 //
 // What it shows, top to bottom:
-//   1. Parameters live in a ParameterRegistry: registered by name, then finalized into one
-//      flat arena per (device, dtype). Each parameter is a view into that arena.
-//   2. The "engine" (here, hand-written forward and backward of y = X w + b with a mean
-//      squared error loss) writes each gradient into the registry's buffer and marks it
-//      ready, last layer first, as a real backward pass would. A readiness listener hears
-//      each mark; later layers (the Reducer) start communication from exactly this hook.
-//   3. The SGD step is one fused axpy over the whole arena (values -= lr * grads) rather
-//      than one per parameter: that is what flat arenas buy.
-//   4. Checkpoints are safetensors files, saved atomically; --resume continues a run and
-//      reproduces an uninterrupted run bit for bit.
+//   1. comm::connect(): one process per rank, launched by mpirun or scripts/launch.sh (or
+//      alone: a world of one).
+//   2. Parameters live in a ParameterRegistry, registered by name and finalized into one flat
+//      arena per (device, dtype); each parameter is a view of it.
+//   3. dist::DataParallel over the registry: it checks all ranks hold the same parameters and
+//      broadcasts rank 0's values.
+//   4. The engine's backward writes each gradient into the registry's buffer and marks it
+//      ready, last layer first. DataParallel hears each mark and reduces (here: averages over
+//      ranks) in buckets while the engine continues; end_backward() waits.
+//   5. An optimizer step over the arena, and an atomic safetensors checkpoint; --resume
+//      continues a run and reproduces an uninterrupted run bit for bit.
 //
-// Run:  build/examples/linear_regression --epochs 40 [--save ckpt.safetensors] [--resume ckpt.safetensors]
+//   build/examples/bring_your_own_engine --epochs 40
+//   mpirun -np 2 build/examples/bring_your_own_engine --epochs 40 --save ckpt.safetensors
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
 
+#include "gradsync/comm/connect.h"
+#include "gradsync/dist/data_parallel.h"
 #include "gradsync/io/registry_checkpoint.h"
-#include "gradsync/kernels/ops.h"
-#include "gradsync/registry/parameter_registry.h"
+#include "gradsync/optim/sgd.h"
 
 using namespace gradsync;
 
@@ -31,7 +35,7 @@ struct Options {
   int epochs = 40;
   int features = 16;
   int samples = 4096;
-  int batch = 128;
+  int batch = 128;  // global: each rank takes batch / world of it
   double lr = 0.05;
   std::string save;
   std::string resume;
@@ -55,6 +59,7 @@ Options parse(int argc, char** argv) {
 }
 
 // Synthetic data from a known model, so the result can be checked: y = X w* + b* + noise.
+// Every rank makes the same data set and reads its slice of each batch.
 struct Dataset {
   std::vector<float> x;  // samples x features, row-major
   std::vector<float> y;
@@ -85,24 +90,29 @@ int main(int argc, char** argv) try {
   const Options options = parse(argc, argv);
   const Dataset data = make_dataset(options);
 
-  // 1. Parameters: registered by name, then laid out in one f32 arena.
+  // 1. The ranks.
+  auto comm = comm::connect();
+  const int world = comm->size();
+  GRADSYNC_CHECK(options.batch % world == 0, "the batch of ", options.batch, " does not split over ", world, " ranks");
+  const int local_batch = options.batch / world;
+
+  // 2. Parameters: registered by name, then laid out in one f32 arena.
   ParameterRegistry registry;
   Parameter& weight = registry.add("linear.weight", {options.features});
   Parameter& bias = registry.add("linear.bias", {1});
   registry.finalize();
-
   int start_epoch = 0;
   if (!options.resume.empty()) {
     const io::Metadata metadata = io::load_registry(registry, options.resume);
     start_epoch = std::stoi(metadata.at("epoch"));
-    std::printf("resumed from %s at epoch %d\n", options.resume.c_str(), start_epoch);
+    if (comm->rank() == 0) std::printf("resumed from %s at epoch %d\n", options.resume.c_str(), start_epoch);
   }
 
-  // 2. A readiness listener: here it only counts; the Reducer launches allreduces from it.
-  std::size_t ready_marks = 0;
-  auto subscription = registry.on_ready([&](Parameter&) { ++ready_marks; });
+  // 3. Data parallelism over the registry, and plain SGD over its arena.
+  dist::DataParallel ddp(registry, *comm);
+  optim::SGD sgd(registry, optim::SGD::Options{.lr = options.lr, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0,
+                                              .nesterov = false, .maximize = false});
 
-  const Arena& arena = registry.arenas()[0];
   const int batches = options.samples / options.batch;
   for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
     double epoch_loss = 0.0;
@@ -110,34 +120,35 @@ int main(int argc, char** argv) try {
       const float* w = weight.value().data_as<float>();
       const float b = bias.value().data_as<float>()[0];
 
-      // Forward and backward of L = mean((x.w + b - y)^2), written out by hand.
-      Tensor& grad_w = weight.grad_for_overwrite();
-      Tensor& grad_b = bias.grad_for_overwrite();
-      float* gw = grad_w.data_as<float>();
-      float* gb = grad_b.data_as<float>();
+      // 4. The engine: forward and backward of L = mean((x.w + b - y)^2) over this rank's
+      //    rows, written straight into the gradient buffers.
+      ddp.begin_backward();
+      float* gw = weight.grad_for_overwrite().data_as<float>();
+      float* gb = bias.grad_for_overwrite().data_as<float>();
       std::fill(gw, gw + options.features, 0.0f);
       gb[0] = 0.0f;
-      for (int row = batch * options.batch; row < (batch + 1) * options.batch; ++row) {
+      const int first = batch * options.batch + comm->rank() * local_batch;
+      for (int row = first; row < first + local_batch; ++row) {
         const float* x = &data.x[static_cast<std::size_t>(row) * static_cast<std::size_t>(options.features)];
         float prediction = b;
         for (int j = 0; j < options.features; ++j) prediction += w[j] * x[j];
         const float error = prediction - data.y[static_cast<std::size_t>(row)];
         epoch_loss += static_cast<double>(error) * error;
-        const float scale = 2.0f * error / static_cast<float>(options.batch);
+        const float scale = 2.0f * error / static_cast<float>(local_batch);
         gb[0] += scale;
         for (int j = 0; j < options.features; ++j) gw[j] += scale * x[j];
       }
-      // Backward finishes the last layer first; here both come from one layer.
-      registry.mark_ready(bias);
-      registry.mark_ready(weight);
+      registry.mark_ready(bias);    // the last layer's gradients first, as a backward pass goes;
+      registry.mark_ready(weight);  // DataParallel starts reducing at each mark
+      ddp.end_backward();           // waits: the gradients now hold the average over ranks
 
-      // 3. SGD over the whole arena at once: padding between parameters is zero in both
-      //    buffers, so it stays zero.
-      Tensor values = arena.values;
-      ops::axpy(-options.lr, arena.grads, values);
-      registry.zero_grad();
+      // 5. The step, over the whole arena at once.
+      sgd.step();
+      sgd.zero_grad();
     }
-    std::printf("epoch %3d  loss %.6f\n", epoch + 1, epoch_loss / options.samples);
+    if (comm->rank() == 0 && (epoch + 1) % 10 == 0) {
+      std::printf("epoch %3d  loss (rank 0's rows) %.6f\n", epoch + 1, epoch_loss / (batches * local_batch));
+    }
   }
 
   // How close did we get to the model that generated the data?
@@ -146,16 +157,17 @@ int main(int argc, char** argv) try {
   for (int j = 0; j < options.features; ++j) {
     weight_error = std::max(weight_error, std::abs(learned[static_cast<std::size_t>(j)] - data.true_w[static_cast<std::size_t>(j)]));
   }
-  std::printf("max |w - w*| = %.4f, |b - b*| = %.4f, %zu gradients marked ready\n", weight_error,
-              std::abs(bias.value().to_double_vector()[0] - data.true_b), ready_marks);
-
-  // 4. An atomic checkpoint: a crash during this save leaves any previous file intact.
-  if (!options.save.empty()) {
+  if (comm->rank() == 0) {
+    std::printf("%d rank(s) on %s: max |w - w*| = %.4f, |b - b*| = %.4f\n", world, comm->backend(), weight_error,
+                std::abs(bias.value().to_double_vector()[0] - data.true_b));
+  }
+  // An atomic checkpoint: a crash during this save leaves any previous file intact.
+  if (!options.save.empty() && comm->rank() == 0) {
     io::save_registry(registry, options.save, {.include_grads = false, .metadata = {{"epoch", std::to_string(options.epochs)}}});
     std::printf("saved %s\n", options.save.c_str());
   }
   return weight_error < 0.01 ? EXIT_SUCCESS : EXIT_FAILURE;
 } catch (const std::exception& error) {
-  std::fprintf(stderr, "linear_regression: %s\n", error.what());
+  std::fprintf(stderr, "bring_your_own_engine: %s\n", error.what());
   return EXIT_FAILURE;
 }

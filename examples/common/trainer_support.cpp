@@ -1,0 +1,364 @@
+// The example trainers' shared parts (trainer_support.h).
+#include "trainer_support.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <chrono>
+
+#include "gradsync/comm/connect.h"
+
+#include "gradsync/io/registry_checkpoint.h"
+#include "gradsync/kernels/ops.h"
+#include "gradsync/nn/loss.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/sgd.h"
+
+namespace gradsync::examples {
+
+Flags::Flags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    GRADSYNC_CHECK(name.rfind("--", 0) == 0, "unexpected argument '", name, "' (flags are --name [value])");
+    if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+      values_[name] = argv[++i];
+    } else {
+      switches_.insert(name);
+    }
+  }
+}
+
+std::string Flags::text(const std::string& name, const std::string& fallback) {
+  known_.insert(name);
+  GRADSYNC_CHECK(!switches_.count(name), "flag ", name, " needs a value");
+  const auto found = values_.find(name);
+  return found == values_.end() ? fallback : found->second;
+}
+
+std::int64_t Flags::integer(const std::string& name, std::int64_t fallback) {
+  const std::string value = text(name, "");
+  if (value.empty()) return fallback;
+  try {
+    return std::stoll(value);
+  } catch (const std::exception&) {
+    detail::throw_error("flag ", name, " wants an integer, got '", value, "'");
+  }
+}
+
+double Flags::number(const std::string& name, double fallback) {
+  const std::string value = text(name, "");
+  if (value.empty()) return fallback;
+  try {
+    return std::stod(value);
+  } catch (const std::exception&) {
+    detail::throw_error("flag ", name, " wants a number, got '", value, "'");
+  }
+}
+
+bool Flags::flag(const std::string& name) {
+  known_.insert(name);
+  GRADSYNC_CHECK(!values_.count(name), "flag ", name, " takes no value");
+  return switches_.count(name) > 0;
+}
+
+void Flags::finish() const {
+  std::string unknown;
+  for (const auto& [name, value] : values_) {
+    if (!known_.count(name)) unknown += " " + name;
+  }
+  for (const std::string& name : switches_) {
+    if (!known_.count(name)) unknown += " " + name;
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (const std::string& name : known_) list += " " + name;
+    detail::throw_error("unknown flag(s):", unknown, "; known:", list);
+  }
+}
+
+std::string default_data_path() { return GRADSYNC_EXAMPLES_DATA "/digits.safetensors"; }
+
+Dataset load_dataset(const std::string& path, double input_scale) {
+  const io::SafetensorsReader file(path);
+  Dataset data;
+  data.images = file.read("images").to(DType::f32);
+  GRADSYNC_CHECK(data.images.shape().size() == 2, path, ": 'images' must be [count, features], got ", data.images.describe());
+  ops::scale(data.images, input_scale);
+  data.labels = file.read("labels");
+  GRADSYNC_CHECK(data.labels.dtype() == DType::i64 && data.labels.numel() == data.images.shape()[0], path,
+                 ": 'labels' must be i64 [", data.images.shape()[0], "], got ", data.labels.describe());
+  data.count = data.images.shape()[0];
+  data.features = data.images.shape()[1];
+  const std::int64_t* labels = data.labels.data_as<std::int64_t>();
+  for (std::int64_t i = 0; i < data.count; ++i) {
+    GRADSYNC_CHECK(labels[i] >= 0, path, ": negative label at row ", i);
+    data.classes = std::max(data.classes, labels[i] + 1);
+  }
+  return data;
+}
+
+Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, bool shuffle) {
+  GRADSYNC_CHECK(holdout >= 0 && holdout < 1, "--holdout must be in [0, 1), got ", holdout);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(data.count));
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffle) {
+    std::mt19937_64 generator(seed);
+    std::shuffle(order.begin(), order.end(), generator);
+  }
+  const auto heldout = static_cast<std::size_t>(static_cast<double>(data.count) * holdout);
+  Split split;
+  split.train.assign(order.begin(), order.end() - static_cast<std::ptrdiff_t>(heldout));
+  split.heldout.assign(order.end() - static_cast<std::ptrdiff_t>(heldout), order.end());
+  return split;
+}
+
+std::vector<std::int64_t> shard(const std::vector<std::int64_t>& train, int rank, int world) {
+  std::vector<std::int64_t> mine;
+  for (std::size_t i = static_cast<std::size_t>(rank); i < train.size(); i += static_cast<std::size_t>(world)) {
+    mine.push_back(train[i]);
+  }
+  return mine;
+}
+
+std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& shard, std::uint64_t seed, int epoch, int rank,
+                                      bool shuffle) {
+  std::vector<std::int64_t> order = shard;
+  if (shuffle) {
+    std::mt19937_64 generator(seed * 1000003u + static_cast<std::uint64_t>(epoch) * 7919u + static_cast<std::uint64_t>(rank));
+    std::shuffle(order.begin(), order.end(), generator);
+  }
+  return order;
+}
+
+Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
+             Device device) {
+  const std::int64_t rows = end - begin;
+  Tensor images = Tensor::empty({rows, data.features}, DType::f32);
+  Tensor labels = Tensor::empty({rows}, DType::i64);
+  const float* source = data.images.data_as<float>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t row = order[static_cast<std::size_t>(begin + r)];
+    std::memcpy(images.data_as<float>() + r * data.features, source + row * data.features,
+                static_cast<std::size_t>(data.features) * sizeof(float));
+    labels.data_as<std::int64_t>()[r] = data.labels.data_as<std::int64_t>()[row];
+  }
+  return {images.to(device), labels};
+}
+
+std::shared_ptr<nn::Sequential> make_mlp(ParameterRegistry& registry, std::int64_t features, std::int64_t hidden,
+                                         std::int64_t classes, Device device, std::uint64_t seed) {
+  auto model = std::make_shared<nn::Sequential>(registry);
+  model->add<nn::Linear>("fc1", features, hidden, DType::f32, device);
+  model->add<nn::ReLU>();
+  model->add<nn::Linear>("fc2", hidden, classes, DType::f32, device);
+  model->initialize(seed);
+  return model;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, ParameterRegistry& registry, double lr,
+                                                 double momentum) {
+  if (name == "sgd") {
+    return std::make_unique<optim::SGD>(registry, optim::SGD::Options{.lr = lr, .momentum = momentum, .dampening = 0.0,
+                                                                      .weight_decay = 0.0, .nesterov = false,
+                                                                      .maximize = false});
+  }
+  const optim::Adam::Options adam{.lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+                                  .amsgrad = false, .maximize = false};
+  if (name == "adam") return std::make_unique<optim::Adam>(registry, adam);
+  if (name == "adamw") {
+    optim::Adam::Options decoupled = adam;
+    decoupled.weight_decay = 0.01;
+    return std::make_unique<optim::AdamW>(registry, decoupled);
+  }
+  detail::throw_error("unknown optimizer '", name, "': expected sgd, adam or adamw");
+}
+
+double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::int64_t>& rows, Device device) {
+  if (rows.empty()) return 0.0;
+  std::int64_t correct = 0;
+  for (std::size_t begin = 0; begin < rows.size(); begin += 512) {
+    const std::size_t end = std::min(rows.size(), begin + 512);
+    Batch batch = gather(data, rows, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), device);
+    correct += nn::count_correct(model.forward(batch.images), batch.labels);
+  }
+  return static_cast<double>(correct) / static_cast<double>(rows.size());
+}
+
+void save_checkpoint(const std::string& dir, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+                     const Progress& progress) {
+  std::filesystem::create_directories(dir);
+  io::RegistrySaveOptions options;
+  options.metadata = {{"epoch", std::to_string(progress.epoch)},
+                      {"step_in_epoch", std::to_string(progress.step_in_epoch)},
+                      {"global_step", std::to_string(progress.global_step)}};
+  io::save_registry(registry, std::filesystem::path(dir) / "model.safetensors", options);
+  optimizer.save_state(std::filesystem::path(dir) / "optimizer.safetensors");
+}
+
+Progress load_checkpoint(const std::string& dir, ParameterRegistry& registry, optim::Optimizer& optimizer) {
+  const io::Metadata metadata = io::load_registry(registry, std::filesystem::path(dir) / "model.safetensors");
+  optimizer.load_state(std::filesystem::path(dir) / "optimizer.safetensors");
+  Progress progress;
+  try {
+    progress.epoch = std::stoi(metadata.at("epoch"));
+    progress.step_in_epoch = std::stoll(metadata.at("step_in_epoch"));
+    progress.global_step = std::stoll(metadata.at("global_step"));
+  } catch (const std::exception&) {
+    detail::throw_error(dir, "/model.safetensors: no training progress in its metadata (epoch, step_in_epoch, global_step)");
+  }
+  return progress;
+}
+
+Metrics::Metrics(const std::string& path, bool writer) {
+  if (path.empty() || !writer) return;
+  file_ = std::fopen(path.c_str(), "w");
+  GRADSYNC_CHECK(file_ != nullptr, "cannot write the metrics file ", path);
+}
+
+Metrics::~Metrics() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void Metrics::step(std::int64_t step, int epoch, double loss) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f}\n", static_cast<long long>(step), epoch, loss);
+  std::fflush(file_);
+}
+
+void Metrics::epoch(std::int64_t step, int epoch, double loss, double accuracy) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.6f, \"accuracy\": %.6f}\n",
+               static_cast<long long>(step), epoch, loss, accuracy);
+  std::fflush(file_);
+}
+
+void require_identical_replicas(comm::Communicator& comm, const ParameterRegistry& registry) {
+  // FNV-1a over every parameter's bytes, in registration order.
+  std::uint64_t hash = 1469598103934665603ull;
+  for (const Parameter& parameter : registry) {
+    const Tensor host = parameter.value().to(Device::cpu());
+    const auto* bytes = static_cast<const unsigned char*>(host.data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  Tensor mine = Tensor::zeros({1}, DType::i64);
+  mine.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(hash);
+  Tensor all = Tensor::zeros({comm.size()}, DType::i64);
+  comm.allgather(mine, all);
+  for (int r = 0; r < comm.size(); ++r) {
+    GRADSYNC_CHECK(all.data_as<std::int64_t>()[r] == mine.data_as<std::int64_t>()[0], "rank ", comm.rank(),
+                   " and rank ", r, " hold different weights after training");
+  }
+}
+
+const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu|cuda   --optimizer sgd|adam|adamw   --lr (0.05 sgd, else 0.003)
+  --momentum 0.9   --epochs 20   --batch 64 (global)   --hidden 64   --seed 1
+  --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
+  --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save DIR   --resume DIR
+  --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet)";
+
+TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
+  TrainerOptions o;
+  o.backend = flags.text("--backend", "auto");
+  o.device = Device::parse(flags.text("--device", "cpu"));
+  o.passes = flags.integer(passes_flag, 1);
+  GRADSYNC_CHECK(o.passes > 0, passes_flag, " must be positive");
+  o.optimizer = flags.text("--optimizer", "sgd");
+  o.lr = flags.number("--lr", o.optimizer == "sgd" ? 0.05 : 0.003);
+  o.momentum = flags.number("--momentum", 0.9);
+  o.epochs = static_cast<int>(flags.integer("--epochs", 20));
+  o.batch = flags.integer("--batch", 64);
+  o.hidden = flags.integer("--hidden", 64);
+  o.seed = static_cast<std::uint64_t>(flags.integer("--seed", 1));
+  o.data = flags.text("--data", default_data_path());
+  o.input_scale = flags.number("--input-scale", o.data == default_data_path() ? 1.0 / 16 : 1.0);
+  o.holdout = flags.number("--holdout", 0.2);
+  o.shuffle = !flags.flag("--no-shuffle");
+  o.init = flags.text("--init", "");
+  o.save = flags.text("--save", "");
+  o.resume = flags.text("--resume", "");
+  o.max_steps = flags.integer("--max-steps", -1);
+  o.metrics = flags.text("--metrics", "");
+  o.min_accuracy = flags.number("--min-accuracy", -1);
+  o.check_replicas = flags.flag("--check-replicas");
+  o.quiet = flags.flag("--quiet");
+  return o;
+}
+
+std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
+  auto t = std::make_unique<Training>();
+  // The communicator; with NCCL the GPU is the one chosen for this rank.
+  t->comm = comm::connect(options.backend, options.device);
+  t->device = t->comm->device_type().is_cuda() ? t->comm->device_type() : options.device;
+  const int world = t->comm->size();
+  t->data = load_dataset(options.data, options.input_scale);
+  t->split = split_dataset(t->data, options.holdout, options.seed, options.shuffle);
+  GRADSYNC_CHECK(options.batch % (world * options.passes) == 0, "--batch ", options.batch, " must divide into ", world,
+                 " ranks x ", options.passes, " passes");
+  t->local_batch = options.batch / world;
+  t->micro = t->local_batch / options.passes;
+  t->shard = shard(t->split.train, t->comm->rank(), world);
+  t->steps_per_epoch = static_cast<std::int64_t>(t->split.train.size()) / world / t->local_batch;
+  GRADSYNC_CHECK(t->steps_per_epoch > 0, "a global batch of ", options.batch, " is larger than the training set (",
+                 t->split.train.size(), " samples)");
+  t->model = make_mlp(t->registry, t->data.features, options.hidden, t->data.classes, t->device, options.seed);
+  t->optimizer = make_optimizer(options.optimizer, t->registry, options.lr, options.momentum);
+  if (!options.init.empty()) io::load_registry(t->registry, options.init);
+  if (!options.resume.empty()) t->progress = load_checkpoint(options.resume, t->registry, *t->optimizer);
+  return t;
+}
+
+int run_training(Training& t, const TrainerOptions& options, const std::string& name,
+                 const std::function<double(const std::vector<std::int64_t>&, std::int64_t)>& step) {
+  using Clock = std::chrono::steady_clock;
+  comm::Communicator& comm = *t.comm;
+  const int rank = comm.rank();
+  Metrics metrics(options.metrics, rank == 0);
+  const auto start = Clock::now();
+  bool stopped = false;
+  double accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
+  for (int epoch = t.progress.epoch; epoch < options.epochs && !stopped; ++epoch) {
+    const auto epoch_start = Clock::now();
+    const std::vector<std::int64_t> order = epoch_order(t.shard, options.seed, epoch, rank, options.shuffle);
+    double loss_sum = 0;
+    std::int64_t samples = 0;
+    for (std::int64_t s = t.progress.step_in_epoch; s < t.steps_per_epoch; ++s) {
+      const double loss = step(order, s * t.local_batch);
+      loss_sum += loss * static_cast<double>(t.local_batch);
+      samples += t.local_batch;
+      t.progress = {epoch, s + 1, t.progress.global_step + 1};
+      metrics.step(t.progress.global_step, epoch + 1, loss);
+      if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
+        stopped = true;
+        break;
+      }
+    }
+    if (!stopped) t.progress = {epoch + 1, 0, t.progress.global_step};
+    // The epoch's loss over all ranks: one small allreduce at the same place on every rank.
+    Tensor totals = Tensor::from_vector(std::vector<double>{loss_sum, static_cast<double>(samples)}, {2});
+    comm.allreduce(totals, comm::ReduceOp::sum);
+    const std::vector<double> sum = totals.to_double_vector();
+    const double mean_loss = sum[1] > 0 ? sum[0] / sum[1] : 0.0;
+    accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
+    metrics.epoch(t.progress.global_step, epoch + 1, mean_loss, accuracy);
+    if (rank == 0 && !options.quiet) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      std::printf("epoch %3d/%d  loss %.4f  held-out accuracy %.2f%%  %8.0f samples/s  elapsed %.2f s\n", epoch + 1,
+                  options.epochs, mean_loss, accuracy * 100, sum[1] / seconds,
+                  std::chrono::duration<double>(Clock::now() - start).count());
+    }
+  }
+  if (options.check_replicas) require_identical_replicas(comm, t.registry);
+  if (!options.save.empty() && rank == 0) save_checkpoint(options.save, t.registry, *t.optimizer, t.progress);
+  comm.barrier();  // the checkpoint is complete before any rank reports success
+  if (rank == 0) std::printf("final held-out accuracy: %.2f%%\n", accuracy * 100);
+  if (options.min_accuracy >= 0 && accuracy < options.min_accuracy) {
+    if (rank == 0) std::fprintf(stderr, "%s: held-out accuracy %.4f is below --min-accuracy %.4f\n", name.c_str(), accuracy,
+                                options.min_accuracy);
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace gradsync::examples

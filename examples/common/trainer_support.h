@@ -1,0 +1,153 @@
+// What the example trainers share, so each trainer file shows only its training loop:
+// command-line flags, the data set (safetensors: images f32 [N, D], labels i64 [N]), the
+// held-out split and per-rank shards, the MLP, optimizers by name, checkpoints (weights and
+// optimizer state, with the training progress) and the metrics file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/nn/layers.h"
+#include "gradsync/optim/optimizer.h"
+
+namespace gradsync::examples {
+
+// --name value and --switch flags. Reading a flag marks it known; finish() rejects the rest.
+class Flags {
+ public:
+  Flags(int argc, char** argv);
+  std::string text(const std::string& name, const std::string& fallback);
+  std::int64_t integer(const std::string& name, std::int64_t fallback);
+  double number(const std::string& name, double fallback);
+  bool flag(const std::string& name);  // a switch without value
+  void finish() const;                 // throws naming unknown flags
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> switches_;
+  std::set<std::string> known_;
+};
+
+struct Dataset {
+  Tensor images;  // f32 [count, features], scaled
+  Tensor labels;  // i64 [count]
+  std::int64_t count = 0;
+  std::int64_t features = 0;
+  std::int64_t classes = 0;
+};
+
+// The digits file shipped in examples/data.
+std::string default_data_path();
+// Reads a data set; images are multiplied by `input_scale`.
+Dataset load_dataset(const std::string& path, double input_scale);
+
+// Held-out split: the last `holdout` fraction of a seeded permutation (or of the file order
+// when shuffle is off). The same on every rank.
+struct Split {
+  std::vector<std::int64_t> train;
+  std::vector<std::int64_t> heldout;
+};
+Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, bool shuffle);
+
+// Rank r's shard of the training set: positions r, r + W, r + 2W, ...
+std::vector<std::int64_t> shard(const std::vector<std::int64_t>& train, int rank, int world);
+// A seeded permutation of a shard for one epoch (the same on a resumed run).
+std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& shard, std::uint64_t seed, int epoch, int rank,
+                                      bool shuffle);
+
+// The rows order[begin, end) as a batch on `device`.
+struct Batch {
+  Tensor images;
+  Tensor labels;  // on the host (the loss reads them there)
+};
+Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
+             Device device);
+
+// features -> hidden -> ReLU -> classes, layers "fc1" and "fc2", PyTorch's initialization.
+std::shared_ptr<nn::Sequential> make_mlp(ParameterRegistry& registry, std::int64_t features, std::int64_t hidden,
+                                         std::int64_t classes, Device device, std::uint64_t seed);
+
+// "sgd" (momentum 0.9 unless --momentum), "adam", "adamw".
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, ParameterRegistry& registry, double lr,
+                                                 double momentum);
+
+// Accuracy of the model on the held-out rows (local: every rank holds the same weights).
+double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::int64_t>& rows, Device device);
+
+// Checkpoints: <dir>/model.safetensors (weights, with the progress in the metadata) and
+// <dir>/optimizer.safetensors, each written atomically.
+struct Progress {
+  int epoch = 0;             // the epoch to run next
+  std::int64_t step_in_epoch = 0;
+  std::int64_t global_step = 0;
+};
+void save_checkpoint(const std::string& dir, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+                     const Progress& progress);
+Progress load_checkpoint(const std::string& dir, ParameterRegistry& registry, optim::Optimizer& optimizer);
+
+// One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
+// the path is empty; only rank 0 writes.
+class Metrics {
+ public:
+  Metrics(const std::string& path, bool writer);
+  ~Metrics();
+  void step(std::int64_t step, int epoch, double loss);
+  void epoch(std::int64_t step, int epoch, double loss, double accuracy);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// ---- The training run every trainer shares ----------------------------------------------------
+
+// The flags common to the trainers (each adds its own before calling finish()).
+struct TrainerOptions {
+  std::string backend, optimizer, data, init, save, resume, metrics;
+  Device device;
+  double lr = 0, momentum = 0, input_scale = 1, holdout = 0, min_accuracy = -1;
+  int epochs = 0;
+  std::int64_t batch = 0, hidden = 0, max_steps = -1, passes = 1;
+  std::uint64_t seed = 1;
+  bool shuffle = true, check_replicas = false, quiet = false;
+};
+// `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").
+TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag);
+extern const char* const kCommonHelp;
+
+// Everything a run needs before its first step: the communicator, the data and this rank's
+// shard, the batch arithmetic, the MLP with its optimizer, restored from --init / --resume.
+struct Training {
+  std::unique_ptr<comm::Communicator> comm;
+  Device device;
+  Dataset data;
+  Split split;
+  std::vector<std::int64_t> shard;
+  std::int64_t local_batch = 0;    // samples per rank per step
+  std::int64_t micro = 0;          // samples per pass
+  std::int64_t steps_per_epoch = 0;
+  ParameterRegistry registry;
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  Progress progress;
+};
+std::unique_ptr<Training> prepare_training(const TrainerOptions& options);
+
+// The epochs: `step(order, first_row)` trains one step on the rows order[first_row,
+// first_row + local_batch) and returns its mean loss; the run handles progress, metrics, the
+// per-epoch line (loss over all ranks, held-out accuracy, samples/s, elapsed), --max-steps,
+// --check-replicas, --save and --min-accuracy. Returns the process exit code.
+int run_training(Training& training, const TrainerOptions& options, const std::string& name,
+                 const std::function<double(const std::vector<std::int64_t>& order, std::int64_t first_row)>& step);
+
+// Every rank holds bit-identical weights (an allgather of a checksum of the bits); throws
+// naming the first rank that differs.
+void require_identical_replicas(comm::Communicator& comm, const ParameterRegistry& registry);
+
+}  // namespace gradsync::examples

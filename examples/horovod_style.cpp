@@ -1,0 +1,97 @@
+// horovod_style: the digits MLP trained the Horovod way, through the DistributedOptimizer.
+//
+// What it demonstrates:
+//   * broadcast_parameters and broadcast_optimizer_state from rank 0 before training;
+//   * the wrapped optimizer: gradients are reduced as the backward signals them, fused into
+//     buckets; step() waits for them and steps (Horovod's DistributedOptimizer);
+//   * --backward-passes-per-step k: k backward passes accumulate locally, the k-th launches
+//     the reduction, then one step;
+//   * --compression none|fp16|bf16 and --op average|sum|adasum (adasum reduces the deltas of a
+//     local step, as Horovod's Adasum optimizer; it needs a power-of-two number of ranks);
+//   * gradient clipping the Horovod way (--clip-norm): synchronize(), clip the now-global
+//     gradient, then step() under skip_synchronize() so nothing is reduced twice.
+//
+//   mpirun -np 2 build/examples/horovod_style --backward-passes-per-step 2 --compression fp16 --clip-norm 1
+#include <cmath>
+#include <cstdio>
+
+#include "common/trainer_support.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/kernels/ops.h"
+#include "gradsync/nn/loss.h"
+
+using namespace gradsync;
+
+namespace {
+
+// Scales every gradient so that their global norm is at most max_norm. After synchronize()
+// every rank holds the same reduced gradients, so every rank clips the same way.
+void clip_gradients(ParameterRegistry& registry, double max_norm) {
+  double sum = 0;
+  for (const Parameter& parameter : registry) {
+    if (parameter.grad_defined()) sum += ops::squared_norm(parameter.grad());
+  }
+  const double norm = std::sqrt(sum);
+  if (norm <= max_norm) return;
+  for (Parameter& parameter : registry) {
+    if (parameter.grad_defined()) ops::scale(parameter.grad_for_overwrite(), max_norm / norm);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags(argc, argv);
+  if (flags.flag("--help")) {
+    std::printf("horovod_style flags:\n  --backward-passes-per-step 1   --compression none|fp16|bf16   "
+                "--op average|sum|adasum   --clip-norm C (0: off)\n%s\n",
+                examples::kCommonHelp);
+    return 0;
+  }
+  const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--backward-passes-per-step");
+  const dist::Compression compression = dist::parse_compression(flags.text("--compression", "none"));
+  const dist::Op op = dist::parse_op(flags.text("--op", "average"));
+  const double clip_norm = flags.number("--clip-norm", 0.0);
+  flags.finish();
+
+  auto training = examples::prepare_training(options);
+  comm::Communicator& comm = *training->comm;
+  // Horovod's start of training: everyone begins from rank 0's weights and optimizer state.
+  dist::broadcast_parameters(training->registry, comm, 0);
+  dist::broadcast_optimizer_state(*training->optimizer, comm, 0);
+  dist::DistributedOptimizer optimizer(*training->optimizer, comm,
+                                       {.compression = compression,
+                                        .backward_passes_per_step = static_cast<int>(options.passes),
+                                        .op = op});
+  if (comm.rank() == 0 && !options.quiet) {
+    std::printf("horovod_style: %d rank(s) on %s, op %s, compression %s, %lld backward pass(es) per step, clip %g, %s\n",
+                comm.size(), comm.backend(), dist::op_name(op), dist::compression_name(compression),
+                static_cast<long long>(options.passes), clip_norm, options.optimizer.c_str());
+  }
+
+  const auto step = [&](const std::vector<std::int64_t>& order, std::int64_t first_row) {
+    double step_loss = 0;
+    for (std::int64_t pass = 0; pass < options.passes; ++pass) {
+      const std::int64_t begin = first_row + pass * training->micro;
+      const examples::Batch batch = examples::gather(training->data, order, begin, begin + training->micro, training->device);
+      const nn::LossResult loss = nn::softmax_cross_entropy(training->model->forward(batch.images), batch.labels,
+                                                            1.0 / static_cast<double>(training->local_batch));
+      training->model->backward(loss.grad);  // each gradient signals ready; the k-th pass launches the reduction
+      step_loss += loss.loss / static_cast<double>(options.passes);
+    }
+    if (clip_norm > 0) {
+      optimizer.synchronize();
+      clip_gradients(training->registry, clip_norm);
+      auto guard = optimizer.skip_synchronize();
+      optimizer.step();
+    } else {
+      optimizer.step();
+    }
+    optimizer.zero_grad();
+    return step_loss;
+  };
+  return examples::run_training(*training, options, "horovod_style", step);
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "horovod_style: %s\n", error.what());
+  return 1;
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
+#   trainers.sh CASE BUILD_DIR SOURCE_DIR
+# CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop.
+set -euo pipefail
+case_name=$1
+build=$2
+source=$3
+examples=$build/examples
+compare=$build/tests/compare_checkpoints
+mpirun=(mpirun --allow-run-as-root --oversubscribe -np 2)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export GRADSYNC_TIMEOUT_MS=${GRADSYNC_TIMEOUT_MS:-60000}
+
+# The loss of the last logged step is below the first one's.
+loss_went_down() {
+  local first last
+  first=$(head -1 "$1" | sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/')
+  last=$(grep '"loss"' "$1" | tail -1 | sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/')
+  echo "loss: first step $first, last step $last"
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+}
+
+case $case_name in
+  smoke_digits)  # a fraction of an epoch over MPI
+    "${mpirun[@]}" "$examples/digits_ddp" --max-steps 12 --metrics "$scratch/m.jsonl" --check-replicas
+    loss_went_down "$scratch/m.jsonl" ;;
+  smoke_horovod)  # over Gloo through the environment rendezvous, with the Horovod options
+    "$source/scripts/launch.sh" 2 "$examples/horovod_style" --backend gloo --max-steps 12 --backward-passes-per-step 2 \
+      --compression fp16 --clip-norm 5 --metrics "$scratch/m.jsonl" --check-replicas
+    loss_went_down "$scratch/m.jsonl" ;;
+  smoke_engine)  # the low-level API, converging to the generating model
+    "${mpirun[@]}" "$examples/bring_your_own_engine" --epochs 40 ;;
+  accuracy)  # the target: at least 95% held-out accuracy, fixed seed
+    "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --min-accuracy 0.95 --quiet ;;
+  strategies)  # same final weights: bitwise across ranks (--check-replicas), within tolerance across strategies
+    for strategy in single multi forced; do
+      "${mpirun[@]}" "$examples/digits_ddp" --microbatches 4 --sync-strategy $strategy --find-unused --max-steps 30 \
+        --check-replicas --quiet --save "$scratch/$strategy"
+    done
+    "$compare" "$scratch/single/model.safetensors" "$scratch/forced/model.safetensors" 0
+    "$compare" "$scratch/single/model.safetensors" "$scratch/multi/model.safetensors" 1e-5 ;;
+  resume)  # interrupted at step 13 and resumed = uninterrupted, byte for byte (weights and optimizer state)
+    common=(--optimizer adam --microbatches 2 --quiet)
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half" --save "$scratch/resumed"
+    cmp "$scratch/straight/model.safetensors" "$scratch/resumed/model.safetensors"
+    cmp "$scratch/straight/optimizer.safetensors" "$scratch/resumed/optimizer.safetensors"
+    echo "resumed run matches the uninterrupted run byte for byte" ;;
+  interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
+    fixture=$source/tests/fixtures/mlp_sgd
+    "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
+      --optimizer sgd --momentum 0 --lr 0.1 --batch 64 --microbatches 2 --no-shuffle --holdout 0 --hidden 16 \
+      --max-steps 25 --epochs 100 --quiet --save "$scratch/ours"
+    "$compare" "$scratch/ours/model.safetensors" "$fixture/final.safetensors" 1e-5 ;;
+  *) echo "unknown case $case_name" >&2; exit 2 ;;
+esac
