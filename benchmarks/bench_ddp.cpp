@@ -1,0 +1,181 @@
+// bench_ddp: DataParallel on a 25M-parameter MLP (24 x Linear(1024, 1024) + ReLU), real
+// compute through our nn layers, for each sync strategy and number of microbatches.
+//
+// Per configuration, all measured in this run (median step over --steps after a warm-up):
+//   step       forward + backward of every microbatch through DataParallel, plus an SGD step
+//   local      the same step with communication off (the plain module, no wrapper)
+//   allreduce  one allreduce of the whole gradient (all parameters at once)
+//   sync cost  (step - local) / allreduce: the price of synchronizing, in allreduces
+//   hidden     1 - sync cost, clipped to [0, 1]: the share of one allreduce the step did not pay
+//   bytes      gradient bytes handed to the communicator per step
+// and once per run the wrapper's memory: the growth of peak RSS from the same steps without
+// DataParallel to the steps with it, next to one bucket (25 MiB).
+//
+//   mpirun -np 2 build/benchmarks/bench_ddp [--microbatches 1,2,4,8] [--strategies single,multi,forced]
+//   benchmarks/compare_ddp.sh 2        (adds PyTorch DDP on gloo, same model, ranks, microbatches)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "gradsync/comm/connect.h"
+#include "gradsync/dist/data_parallel.h"
+#include "gradsync/nn/data_parallel_module.h"
+#include "gradsync/nn/layers.h"
+#include "gradsync/nn/loss.h"
+#include "gradsync/optim/sgd.h"
+
+using namespace gradsync;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) parts.push_back(part);
+  return parts;
+}
+
+double peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// torch_ddp.py's step times: "strategy microbatches seconds" per line.
+std::map<std::pair<std::string, int>, double> read_torch(const std::string& path) {
+  std::map<std::pair<std::string, int>, double> table;
+  if (path.empty()) return table;
+  std::ifstream in(path);
+  std::string strategy;
+  int microbatches = 0;
+  double seconds = 0;
+  while (in >> strategy >> microbatches >> seconds) table[{strategy, microbatches}] = seconds;
+  return table;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string microbatch_list = "1,4", strategy_list = "single,multi,forced", torch_path, backend = "auto";
+  int layers = 24, width = 1024, batch = 8, steps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const std::string value = argv[i + 1];
+    if (flag == "--microbatches") microbatch_list = value;
+    else if (flag == "--strategies") strategy_list = value;
+    else if (flag == "--layers") layers = std::stoi(value);
+    else if (flag == "--width") width = std::stoi(value);
+    else if (flag == "--batch") batch = std::stoi(value);  // samples per microbatch
+    else if (flag == "--steps") steps = std::stoi(value);
+    else if (flag == "--torch") torch_path = value;
+    else if (flag == "--backend") backend = value;
+    else throw Error("unknown flag " + flag);
+  }
+  auto comm = comm::connect(backend);
+  const auto torch = read_torch(torch_path);
+
+  ParameterRegistry registry;
+  auto model = std::make_shared<nn::Sequential>(registry);
+  for (int l = 0; l < layers; ++l) {
+    model->add<nn::Linear>("layer" + std::to_string(l), width, width);
+    model->add<nn::ReLU>();
+  }
+  model->initialize(1);
+  optim::SGD sgd(registry, optim::SGD::Options{.lr = 1e-4, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0,
+                                              .nesterov = false, .maximize = false});
+  Tensor x = Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(batch * width), 0.5f), {batch, width});
+  Tensor target = Tensor::zeros({batch, width}, DType::f32);
+  const double gradient_bytes = static_cast<double>(registry.total_numel()) * 4;
+
+  // One step of `microbatches` forward/backward passes through `module`, then SGD.
+  const auto run_step = [&](nn::Module& module, int microbatches, std::optional<dist::DDPSyncStrategy> strategy) {
+    for (int mb = 0; mb < microbatches; ++mb) {
+      std::optional<nn::SyncContext> sync;
+      if (strategy) sync.emplace(module, mb + 1 == microbatches, *strategy);
+      const nn::LossResult loss = nn::mse_loss(module.forward(x), target, 1.0 / (batch * microbatches));
+      module.backward(loss.grad);
+      if (sync) sync->close();
+    }
+    sgd.step();
+    sgd.zero_grad();
+  };
+  const auto median_step = [&](const std::function<void()>& step) {
+    std::vector<double> times;
+    step();  // warm-up
+    for (int s = 0; s < steps; ++s) {
+      comm->barrier();
+      const auto start = Clock::now();
+      step();
+      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(times.begin(), times.end());
+    Tensor slowest = Tensor::from_vector(std::vector<double>{times[times.size() / 2]}, {1});
+    comm->allreduce(slowest, comm::ReduceOp::max);
+    return slowest.to_double_vector()[0];
+  };
+
+  // One allreduce of all the gradient bytes.
+  Tensor all = registry.arenas()[0].grads;
+  const double allreduce = median_step([&] { comm->allreduce(all, comm::ReduceOp::sum); });
+
+  // The local steps first: once DataParallel listens to the registry, every backward is its.
+  std::map<int, double> local_seconds;
+  for (const std::string& m : split(microbatch_list)) {
+    local_seconds[std::stoi(m)] = median_step([&] { run_step(*model, std::stoi(m), std::nullopt); });
+  }
+  const double rss_before_ddp = peak_rss_bytes();
+  auto ddp = std::make_shared<nn::DistributedDataParallel>(model, *comm);
+  if (comm->rank() == 0) {
+    std::printf("%s, %d ranks: %d x Linear(%d, %d) + ReLU, %.1fM parameters (%.0f MiB of gradients), %d samples per "
+                "microbatch, %zu buckets; one allreduce of all of it: %.1f ms\n",
+                comm->backend(), comm->size(), layers, width, width, static_cast<double>(registry.total_numel()) / 1e6,
+                gradient_bytes / (1 << 20), batch, ddp->data_parallel().reducer().bucket_count(), allreduce * 1e3);
+    std::printf("%-8s %4s %10s %10s %10s %8s %12s", "strategy", "mb", "step ms", "local ms", "sync cost", "hidden",
+                "MiB/step");
+    if (!torch.empty()) std::printf(" %11s %11s", "torch ms", "ours/torch");
+    std::printf("\n");
+  }
+  for (const std::string& m : split(microbatch_list)) {
+    const int microbatches = std::stoi(m);
+    const double local = local_seconds[microbatches];
+    for (const std::string& name : split(strategy_list)) {
+      const dist::DDPSyncStrategy strategy =
+          dist::parse_sync_strategy(name == "forced" ? "forced_sync" : name == "auto" ? "auto" : name + "_auto_sync");
+      const std::int64_t bytes_before = ddp->data_parallel().reducer().stats().bytes_communicated;
+      const double step = median_step([&] { run_step(*ddp, microbatches, strategy); });
+      const double bytes = static_cast<double>(ddp->data_parallel().reducer().stats().bytes_communicated - bytes_before) /
+                           (steps + 1);
+      const double cost = (step - local) / allreduce;
+      if (comm->rank() == 0) {
+        std::printf("%-8s %4d %10.1f %10.1f %9.2fx %7.0f%% %12.1f", name.c_str(), microbatches, step * 1e3, local * 1e3,
+                    cost, std::clamp(1.0 - cost, 0.0, 1.0) * 100, bytes / (1 << 20));
+        const auto found = torch.find({name == "single" ? "no_sync" : name == "multi" ? "sync" : "", microbatches});
+        if (found != torch.end()) std::printf(" %11.1f %10.2fx", found->second * 1e3, step / found->second);
+        std::printf("\n");
+      }
+    }
+  }
+  // Memory: the peak after the DataParallel steps over the peak of the same steps without it
+  // (which already held parameters, gradients, momentum, activations and the communicator).
+  Tensor rss = Tensor::from_vector(std::vector<double>{peak_rss_bytes() - rss_before_ddp, peak_rss_bytes()}, {2});
+  comm->allreduce(rss, comm::ReduceOp::max);
+  if (comm->rank() == 0) {
+    const std::vector<double> r = rss.to_double_vector();
+    std::printf("memory: the wrapper added %.1f MiB of peak RSS (one bucket: 25 MiB); peak RSS %.0f MiB, of which "
+                "parameters + gradients + momentum %.0f MiB\n",
+                r[0] / (1 << 20), r[1] / (1 << 20), gradient_bytes * 3 / (1 << 20));
+  }
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "bench_ddp: %s\n", error.what());
+  return 1;
+}
