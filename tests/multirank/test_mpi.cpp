@@ -52,5 +52,7 @@ TEST(Mpi, ZZDebugModeReportsAMismatch) {
 TEST(MpiDist, EquivalenceWithSingleProcessTraining) { testing::equivalence_with_single_process(world()); }
 TEST(MpiDist, ForceAllreduceWhenARankSkipsAParameter) { testing::force_allreduce_when_a_rank_skips_a_parameter(world()); }
 TEST(MpiDist, AdasumMath) { testing::adasum_math(world()); }
+TEST(MpiDist, DataParallelEquivalence) { testing::data_parallel_equivalence(world()); }
+TEST(MpiDist, DataParallelMissingGradient) { testing::data_parallel_missing_gradient(world()); }
 
 }  // namespace gradsync
