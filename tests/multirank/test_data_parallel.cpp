@@ -358,7 +358,7 @@ TEST(DataParallel, VerificationAndInitialBroadcast) {
     if (comm.rank() == 1) registry.add("b", {2});
     registry.finalize();
     DataParallel ddp(registry, comm);
-  }), "Parameter #1 is absent");
+  }), "Parameter #1", "absent (1 parameters)", "'b' f32[2]");
   comm::run_gloo_thread_group(3, [](Communicator& comm) {
     ParameterRegistry registry;
     Parameter& w = registry.add("w", {4});
