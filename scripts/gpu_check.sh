@@ -30,7 +30,7 @@ run() {  # run NAME COMMAND...: prints the output, records pass/fail and seconds
 }
 
 run gpu_tests "$bundle/bin/test_gpu" --gtest_brief=1
-for suite in tensor casts ops registry safetensors optimizers; do
+for suite in tensor casts ops registry safetensors optimizers nn; do
   run "unit_$suite" "$bundle/bin/test_$suite" --gtest_brief=1
 done
 run bench_ops_cuda "$bundle/bin/bench_ops" --device cuda:0 --elements $((1 << 28))

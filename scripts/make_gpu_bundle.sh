@@ -21,7 +21,7 @@ ninja -C build-gpu
 rm -rf gpu_bundle
 mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/fixtures
 binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/test_casts build-gpu/tests/test_ops
-          build-gpu/tests/test_registry build-gpu/tests/test_safetensors build-gpu/tests/test_optimizers
+          build-gpu/tests/test_registry build-gpu/tests/test_safetensors build-gpu/tests/test_optimizers build-gpu/tests/test_nn
           build-gpu/benchmarks/bench_ops build-gpu/benchmarks/bench_checkpoint build-gpu/benchmarks/bench_optimizers
           build-gpu/benchmarks/bench_collectives)
 cp "${binaries[@]}" gpu_bundle/bin/
