@@ -12,7 +12,7 @@ table=$(mktemp)
 trap 'rm -f "$table"' EXIT
 torch_args=()
 if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-  /usr/bin/python3 benchmarks/torch_collectives.py --ranks "$ranks" --max-bytes "$max_bytes" --out "$table"
+  timeout 1800 /usr/bin/python3 benchmarks/torch_collectives.py --ranks "$ranks" --max-bytes "$max_bytes" --out "$table"
   torch_args=(--torch "$table")
 fi
 mpirun --allow-run-as-root --oversubscribe -np "$ranks" "$bench" --backend mpi --max-bytes "$max_bytes" "${torch_args[@]}"

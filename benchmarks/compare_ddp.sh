@@ -11,7 +11,7 @@ table=$(mktemp)
 trap 'rm -f "$table"' EXIT
 torch_args=()
 if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-  /usr/bin/python3 benchmarks/torch_ddp.py --ranks "$ranks" --microbatches "$microbatches" --out "$table"
+  timeout 1800 /usr/bin/python3 benchmarks/torch_ddp.py --ranks "$ranks" --microbatches "$microbatches" --out "$table"
   torch_args=(--torch "$table")
 fi
 mpirun --allow-run-as-root --oversubscribe -np "$ranks" build/benchmarks/bench_ddp --microbatches "$microbatches" "${torch_args[@]}"

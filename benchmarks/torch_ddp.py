@@ -62,7 +62,10 @@ def worker(rank, size, port, args):
     if rank == 0:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
-    dist.destroy_process_group()
+    # Leave without destroy_process_group(): torch 1.13's gloo teardown can hang at exit
+    # once the work is done; the barrier makes sure every rank has finished.
+    dist.barrier()
+    os._exit(0)
 
 
 def main():
