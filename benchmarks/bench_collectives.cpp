@@ -159,8 +159,8 @@ double time_calls(comm::Communicator& comm, int iterations, const std::function<
     synchronize(comm.device_type());
     seconds = std::min(seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations);
   }
-  Tensor slowest = Tensor::from_vector(std::vector<float>{static_cast<float>(seconds)}, {1}).to(comm.device_type());
-  comm.allreduce(slowest, comm::ReduceOp::max);
+  Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
+  comm.allreduce_host(slowest, comm::ReduceOp::max);
   return slowest.to_double_vector()[0];
 }
 

@@ -119,7 +119,7 @@ int main(int argc, char** argv) try {
     }
     std::sort(times.begin(), times.end());
     Tensor slowest = Tensor::from_vector(std::vector<double>{times[times.size() / 2]}, {1});
-    comm->allreduce(slowest, comm::ReduceOp::max);
+    comm->allreduce_host(slowest, comm::ReduceOp::max);
     return slowest.to_double_vector()[0];
   };
 
@@ -167,7 +167,7 @@ int main(int argc, char** argv) try {
   // Memory: the peak after the DataParallel steps over the peak of the same steps without it
   // (which already held parameters, gradients, momentum, activations and the communicator).
   Tensor rss = Tensor::from_vector(std::vector<double>{peak_rss_bytes() - rss_before_ddp, peak_rss_bytes()}, {2});
-  comm->allreduce(rss, comm::ReduceOp::max);
+  comm->allreduce_host(rss, comm::ReduceOp::max);
   if (comm->rank() == 0) {
     const std::vector<double> r = rss.to_double_vector();
     std::printf("memory: the wrapper added %.1f MiB of peak RSS (one bucket: 25 MiB); peak RSS %.0f MiB, of which "

@@ -126,7 +126,7 @@ int main(int argc, char** argv) try {
 
   // The slowest rank's figures.
   Tensor figures = Tensor::from_vector(std::vector<double>{compute_only, step, allreduce}, {3});
-  comm->allreduce(figures, comm::ReduceOp::max);
+  comm->allreduce_host(figures, comm::ReduceOp::max);
   const std::vector<double> f = figures.to_double_vector();
   if (comm->rank() == 0) {
     const double hidden = std::clamp(1.0 - (f[1] - f[0]) / f[2], 0.0, 1.0);

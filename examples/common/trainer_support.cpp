@@ -245,7 +245,7 @@ void require_identical_replicas(comm::Communicator& comm, const ParameterRegistr
   Tensor mine = Tensor::zeros({1}, DType::i64);
   mine.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(hash);
   Tensor all = Tensor::zeros({comm.size()}, DType::i64);
-  comm.allgather(mine, all);
+  comm.allgather_host(mine, all);
   for (int r = 0; r < comm.size(); ++r) {
     GRADSYNC_CHECK(all.data_as<std::int64_t>()[r] == mine.data_as<std::int64_t>()[0], "rank ", comm.rank(),
                    " and rank ", r, " hold different weights after training");
@@ -337,7 +337,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     if (!stopped) t.progress = {epoch + 1, 0, t.progress.global_step};
     // The epoch's loss over all ranks: one small allreduce at the same place on every rank.
     Tensor totals = Tensor::from_vector(std::vector<double>{loss_sum, static_cast<double>(samples)}, {2});
-    comm.allreduce(totals, comm::ReduceOp::sum);
+    comm.allreduce_host(totals, comm::ReduceOp::sum);
     const std::vector<double> sum = totals.to_double_vector();
     const double mean_loss = sum[1] > 0 ? sum[0] / sum[1] : 0.0;
     accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);

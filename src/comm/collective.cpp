@@ -128,4 +128,71 @@ std::string describe_p2p(const char* op, std::int64_t sequence, const Tensor& te
   return text.str();
 }
 
+// ---- Control-plane collectives on host tensors ---------------------------------------------
+
+namespace {
+
+void require_host_tensor(const char* op, const Tensor& tensor) {
+  GRADSYNC_CHECK(tensor.defined() && tensor.device().is_cpu(), op, ": expects a host tensor, got ",
+                 tensor.defined() ? tensor.describe() : std::string("an empty handle"));
+}
+
+// The Work of a staged allreduce: waits for the device operation, then copies the result back.
+class StagedWork final : public Work {
+ public:
+  StagedWork(WorkHandle inner, Tensor staged, Tensor host)
+      : inner_(std::move(inner)), staged_(std::move(staged)), host_(std::move(host)) {}
+  bool is_completed() const override { return inner_->is_completed(); }
+  void wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    if (!copied_) {
+      host_.copy_from(staged_);
+      copied_ = true;
+    }
+  }
+  const std::string& description() const override { return inner_->description(); }
+
+ private:
+  WorkHandle inner_;
+  Tensor staged_;
+  Tensor host_;
+  bool copied_ = false;
+};
+
+}  // namespace
+
+WorkHandle Communicator::allreduce_host_async(Tensor& host, ReduceOp op) {
+  require_host_tensor("allreduce_host", host);
+  if (device_type().is_cpu()) return allreduce_async(host, op);
+  Tensor staged = host.to(device_type());
+  WorkHandle inner = allreduce_async(staged, op);
+  return std::make_shared<StagedWork>(std::move(inner), staged, host);
+}
+
+void Communicator::broadcast_host(Tensor& host, int root) {
+  require_host_tensor("broadcast_host", host);
+  if (device_type().is_cpu()) return broadcast(host, root);
+  Tensor staged = host.to(device_type());
+  broadcast(staged, root);
+  host.copy_from(staged);
+}
+
+void Communicator::allgather_host(const Tensor& input, Tensor& output) {
+  require_host_tensor("allgather_host", input);
+  require_host_tensor("allgather_host", output);
+  if (device_type().is_cpu()) return allgather(input, output);
+  Tensor staged_output = Tensor::empty(output.shape(), output.dtype(), device_type());
+  allgather(input.to(device_type()), staged_output);
+  output.copy_from(staged_output);
+}
+
+void Communicator::allgatherv_host(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
+  require_host_tensor("allgatherv_host", input);
+  require_host_tensor("allgatherv_host", output);
+  if (device_type().is_cpu()) return allgatherv(input, output, counts);
+  Tensor staged_output = Tensor::empty(output.shape(), output.dtype(), device_type());
+  allgatherv(input.to(device_type()), staged_output, counts);
+  output.copy_from(staged_output);
+}
+
 }  // namespace gradsync::comm

@@ -32,6 +32,23 @@ class CompletedWork final : public comm::Work {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// Sends `outgoing` to the partner and receives `incoming` from it (host tensors; the one that
+// sends first is decided by the caller, the same pair-wise on both sides, so no two sends wait
+// for each other). On a device communicator (NCCL) the messages go through device memory.
+void swap_with(comm::Communicator& comm, const Tensor& outgoing, Tensor& incoming, int partner, bool send_first, int tag) {
+  const Device device = comm.device_type();
+  const Tensor out = device.is_cpu() ? outgoing : outgoing.to(device);
+  Tensor in = device.is_cpu() ? incoming : Tensor::empty(incoming.shape(), incoming.dtype(), device);
+  if (send_first) {
+    comm.send(out, partner, tag);
+    comm.recv(in, partner, tag);
+  } else {
+    comm.recv(in, partner, tag);
+    comm.send(out, partner, tag);
+  }
+  if (!device.is_cpu()) incoming.copy_from(in);
+}
+
 }  // namespace
 
 void adasum_combine(Tensor& a, const Tensor& b) {
@@ -71,13 +88,7 @@ void adasum_allreduce(comm::Communicator& comm, Tensor& flat, const Segments& se
                             int partner, bool send_first, int tag) {
     Tensor outgoing = data.view(static_cast<std::size_t>(send_lo), {send_hi - send_lo});
     Tensor incoming = received.view(static_cast<std::size_t>(recv_lo), {recv_hi - recv_lo});
-    if (send_first) {
-      comm.send(outgoing, partner, tag);
-      comm.recv(incoming, partner, tag);
-    } else {
-      comm.recv(incoming, partner, tag);
-      comm.send(outgoing, partner, tag);
-    }
+    swap_with(comm, outgoing, incoming, partner, send_first, tag);
   };
 
   // Reduce-scatter: vector halving, distance doubling.
@@ -118,13 +129,7 @@ void adasum_allreduce(comm::Communicator& comm, Tensor& flat, const Segments& se
       Tensor theirs = Tensor::empty({mine.numel()}, DType::f64);
       for (int distance = 1; distance <= level; distance <<= 1) {
         const int peer = rank ^ distance;
-        if (rank < peer) {
-          comm.send(mine, peer, 2 * level + 1);
-          comm.recv(theirs, peer, 2 * level + 1);
-        } else {
-          comm.recv(theirs, peer, 2 * level + 1);
-          comm.send(mine, peer, 2 * level + 1);
-        }
+        swap_with(comm, mine, theirs, peer, rank < peer, 2 * level + 1);
         double* m = mine.data_as<double>();
         const double* o = theirs.data_as<double>();
         for (std::int64_t i = 0; i < mine.numel(); ++i) m[i] = m[i] + o[i];

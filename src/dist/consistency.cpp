@@ -36,10 +36,10 @@ Tensor words_of(const std::string& bytes) {
 std::string broadcast_bytes(comm::Communicator& comm, const std::string& bytes, int root) {
   Tensor length = Tensor::zeros({1}, DType::i64);
   length.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(bytes.size());
-  comm.broadcast(length, root);
+  comm.broadcast_host(length, root);
   const auto size = static_cast<std::size_t>(length.data_as<std::int64_t>()[0]);
   Tensor packed = comm.rank() == root ? words_of(bytes) : Tensor::zeros({static_cast<std::int64_t>((size + 3) / 4)}, DType::i32);
-  comm.broadcast(packed, root);
+  comm.broadcast_host(packed, root);
   return std::string(static_cast<const char*>(packed.data()), size);
 }
 
@@ -53,12 +53,12 @@ void require_same_parameters(comm::Communicator& comm, const std::vector<const P
   Tensor my_length = Tensor::zeros({1}, DType::i64);
   my_length.data_as<std::int64_t>()[0] = static_cast<std::int64_t>((mine.size() + 3) / 4);
   Tensor lengths = Tensor::zeros({comm.size()}, DType::i64);
-  comm.allgather(my_length, lengths);
+  comm.allgather_host(my_length, lengths);
   std::vector<std::int64_t> counts(lengths.data_as<std::int64_t>(), lengths.data_as<std::int64_t>() + comm.size());
   std::int64_t total = 0;
   for (const std::int64_t count : counts) total += count;
   Tensor everyone = Tensor::zeros({total}, DType::i32);
-  comm.allgatherv(words_of(mine), everyone, counts);
+  comm.allgatherv_host(words_of(mine), everyone, counts);
 
   const std::vector<std::string> my_lines = split_lines(mine);
   std::int64_t offset = 0;

@@ -121,7 +121,7 @@ struct DataParallel::Impl {
     std::int32_t* words = status.data_as<std::int32_t>();
     for (std::size_t i = 0; i < count; ++i) words[i] = used_in_window[parameters[i]->index()] ? 1 : 0;
     if (!tolerate_missing && !missing.empty()) words[count + static_cast<std::size_t>(comm.rank())] = 1;
-    comm::WorkHandle status_work = comm.allreduce_async(status, comm::ReduceOp::sum);
+    comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
     std::fill(used_in_window.begin(), used_in_window.end(), false);
     reducer->wait();
     status_work->wait();
@@ -264,7 +264,7 @@ void DDPSyncContext::close() {
     // Every rank decides from the same summed times, at the same window: the same choice.
     comm::Communicator& comm = ddp_.communicator();
     Tensor times = Tensor::from_vector(std::vector<double>(state.seconds.begin(), state.seconds.end()), {3});
-    comm.allreduce(times, comm::ReduceOp::sum);
+    comm.allreduce_host(times, comm::ReduceOp::sum);
     const std::vector<double> summed = times.to_double_vector();
     std::size_t best = 0;
     for (std::size_t k = 1; k < summed.size(); ++k) {

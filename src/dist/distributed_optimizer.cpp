@@ -270,7 +270,7 @@ struct DistributedOptimizer::Impl {
       Tensor my_count = Tensor::zeros({1}, DType::i64);
       my_count.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(mine.indices.size());
       Tensor all_counts = Tensor::zeros({comm.size()}, DType::i64);
-      comm.allgather(my_count, all_counts);
+      comm.allgather_host(my_count, all_counts);
       std::vector<std::int64_t> counts(all_counts.data_as<std::int64_t>(),
                                        all_counts.data_as<std::int64_t>() + comm.size());
       std::int64_t total = 0;
@@ -279,7 +279,7 @@ struct DistributedOptimizer::Impl {
       Tensor indices = Tensor::zeros({static_cast<std::int64_t>(mine.indices.size())}, DType::i64);
       std::copy(mine.indices.begin(), mine.indices.end(), indices.data_as<std::int64_t>());
       Tensor all_indices = Tensor::zeros({total}, DType::i64);
-      comm.allgatherv(indices, all_indices, counts);
+      comm.allgatherv_host(indices, all_indices, counts);
 
       // Values travel in the parameter's dtype, or compressed.
       DType wire = parameter->dtype();
@@ -289,7 +289,7 @@ struct DistributedOptimizer::Impl {
       std::vector<std::int64_t> value_counts;
       for (const std::int64_t count : counts) value_counts.push_back(count * row);
       Tensor all_values = Tensor::zeros({total * row}, wire);
-      comm.allgatherv(values, all_values, value_counts);
+      comm.allgatherv_host(values, all_values, value_counts);
 
       // Densify: duplicate rows add, as a coalesced sparse tensor's do.
       std::vector<double> dense(static_cast<std::size_t>(parameter->numel()), 0.0);

@@ -9,6 +9,9 @@
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/nccl.h"
+#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/optim/adam.h"
 #include "test_util.h"
 
 namespace gradsync {
@@ -73,6 +76,49 @@ TEST_F(Nccl, WrongDeviceIsAClearError) {
                         "CPU tensors go through the MPI or Gloo backend");
   Tensor ints = Tensor::zeros({4}, DType::i32, Device::cuda(0));
   EXPECT_GRADSYNC_ERROR(comm->allreduce(ints, comm::ReduceOp::avg), "avg", "not defined for integers");
+}
+
+TEST_F(Nccl, HostControlPlaneCollectivesAreStaged) {
+  auto comm = world();
+  Tensor counts = Tensor::from_vector(std::vector<double>{3, 4}, {2}).to(DType::i64);
+  comm->allreduce_host(counts, comm::ReduceOp::sum);
+  EXPECT_EQ(counts.to_double_vector(), (std::vector<double>{3, 4}));
+  Tensor gathered = Tensor::zeros({2}, DType::i64);
+  comm->allgather_host(counts, gathered);
+  EXPECT_EQ(gathered.to_double_vector(), (std::vector<double>{3, 4}));
+  comm->broadcast_host(counts, 0);
+  Tensor device = Tensor::zeros({2}, DType::i64, Device::cuda(0));
+  EXPECT_GRADSYNC_ERROR(comm->allreduce_host(device, comm::ReduceOp::sum), "expects a host tensor");
+}
+
+// DataParallel and the DistributedOptimizer over CUDA parameters and NCCL (a world of one:
+// the reductions run, through the same buckets, compression and status collective).
+TEST_F(Nccl, DataParallelAndDistributedOptimizerOnTheGpu) {
+  auto comm = world();
+  ParameterRegistry registry;
+  Parameter& w = registry.add("w", {1000}, DType::f32, Device::cuda(0));
+  Parameter& unused = registry.add("unused", {10}, DType::f32, Device::cuda(0));
+  registry.finalize();
+  {
+    dist::DataParallel ddp(registry, *comm, {.find_unused_parameters = true, .compression = dist::Compression::bf16});
+    ddp.begin_backward();
+    w.set_grad(Tensor::from_vector(std::vector<float>(1000, 0.5f), {1000}).to(Device::cuda(0)));
+    registry.mark_ready(w);
+    ddp.end_backward();
+    EXPECT_EQ(w.grad().to_double_vector()[999], 0.5);
+    EXPECT_FALSE(unused.grad_defined());
+    EXPECT_EQ(ddp.last_used_counts(), (std::vector<int>{1, 0}));
+  }
+  registry.zero_grad();
+  optim::Adam adam(registry, optim::Adam::Options{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                                   .weight_decay = 0.0, .amsgrad = false, .maximize = false});
+  dist::broadcast_parameters(registry, *comm, 0);
+  dist::broadcast_optimizer_state(adam, *comm, 0);
+  dist::DistributedOptimizer optimizer(adam, *comm, {.compression = dist::Compression::fp16});
+  w.set_grad(Tensor::from_vector(std::vector<float>(1000, 1.0f), {1000}).to(Device::cuda(0)));
+  registry.mark_ready(w);
+  optimizer.step();
+  EXPECT_NEAR(w.value().to_double_vector()[0], -0.1, 1e-6);
 }
 
 TEST(NcclBackendChoice, AutoPicksNcclForCudaTensorsWhenAGpuIsThere) {

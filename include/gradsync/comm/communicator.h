@@ -91,6 +91,15 @@ class Communicator {
   void barrier() { barrier_async()->wait(); }
   void send(const Tensor& tensor, int peer, int tag = 0) { send_async(tensor, peer, tag)->wait(); }
   void recv(Tensor& tensor, int peer, int tag = 0) { recv_async(tensor, peer, tag)->wait(); }
+
+  // Control-plane forms for small host tensors (counts, flags, descriptions, timings) on any
+  // backend: a device communicator (NCCL) stages them through device memory, a CPU one runs
+  // them as they are. The forms above stay strict: a tensor on the wrong device is an error.
+  WorkHandle allreduce_host_async(Tensor& host, ReduceOp op);
+  void allreduce_host(Tensor& host, ReduceOp op) { allreduce_host_async(host, op)->wait(); }
+  void broadcast_host(Tensor& host, int root);
+  void allgather_host(const Tensor& input, Tensor& output);
+  void allgatherv_host(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts);
 };
 
 }  // namespace gradsync::comm
