@@ -185,6 +185,10 @@ const DataParallelOptions& DataParallel::options() const { return impl_->options
 
 void DataParallel::register_comm_hook(ReduceHook hook) {
   GRADSYNC_CHECK(!impl_->hook_registered, "register_comm_hook can only be called once.");
+  // Compression is PyTorch's fp16/bf16 compress hook: it counts as the one hook.
+  GRADSYNC_CHECK(impl_->options.compression == Compression::none,
+                 "register_comm_hook can only be called once: compression ", compression_name(impl_->options.compression),
+                 " is already this DataParallel's communication hook.");
   GRADSYNC_CHECK(static_cast<bool>(hook), "Communication hook must be callable.");
   GRADSYNC_CHECK(!impl_->reducer->round_started(), "register_comm_hook during a backward");
   impl_->hook_registered = true;

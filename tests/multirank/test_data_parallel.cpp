@@ -332,6 +332,9 @@ TEST(DataParallel, CommHooksAndCompression) {
     for (const auto compression : {dist::Compression::fp16, dist::Compression::bf16}) {
       Scalars model(2);
       DataParallel ddp(model.registry, comm, {.compression = compression});
+      EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator& c, Tensor&, const dist::BucketInfo&) {
+        return c.barrier_async();
+      }), "can only be called once", "is already this DataParallel's communication hook");
       // 6e4 on both ranks: the sum overflows f16 (max 65504) unless divided before the cast.
       model.use(0, 60000.0);
       model.use(1, 0.1 * (comm.rank() + 1));
