@@ -25,8 +25,10 @@ namespace gradsync::comm {
 
 namespace {
 
-// Point-to-point messages use their own slot range, far from the collectives' tags.
+// Point-to-point messages use their own slot range, far from the collectives' tags; so do the
+// rings we build from point-to-point buffers.
 constexpr std::uint64_t kP2PSlotBase = std::uint64_t{1} << 40;
+constexpr std::uint64_t kRingSlotBase = std::uint64_t{1} << 48;
 
 class GlooBackend final : public Backend {
  public:
@@ -91,14 +93,40 @@ class GlooBackend final : public Backend {
     gloo::allgatherv(options);
   }
 
+  // Ring reduce-scatter (Gloo has no option-style one): in step s rank r sends chunk r-s-1 of
+  // its partial sums to the right neighbour and adds chunk r-s-2 arriving from the left; after
+  // n-1 steps it holds chunk r summed over every rank. Each rank sends (n-1)/n of the input,
+  // the minimum, over Gloo's point-to-point buffers with their own slot range.
   void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) override {
-    // Gloo has no option-style reduce-scatter: reduce a copy of the whole input and keep
-    // this rank's chunk. It moves twice the bytes a ring reduce-scatter would (documented).
+    const int n = size();
     const std::size_t chunk = static_cast<std::size_t>(count) * dtype_size(dtype);
-    std::vector<std::byte> whole(chunk * static_cast<std::size_t>(size()));
-    std::memcpy(whole.data(), input, whole.size());
-    allreduce(whole.data(), count * size(), dtype, op);
-    std::memcpy(output, whole.data() + chunk * static_cast<std::size_t>(rank()), chunk);
+    if (n == 1 || chunk == 0) {
+      std::memcpy(output, input, chunk);
+      return;
+    }
+    std::vector<std::byte> partial(chunk * static_cast<std::size_t>(n));
+    std::memcpy(partial.data(), input, partial.size());
+    std::vector<std::byte> incoming(chunk);
+    const ReduceFunction reduce = reduce_function(dtype, op);
+    const int right = (rank() + 1) % n;
+    const int left = (rank() + n - 1) % n;
+    const auto wrap = [n](int c) { return ((c % n) + n) % n; };
+    auto whole = context_->createUnboundBuffer(partial.data(), partial.size());
+    auto arriving = context_->createUnboundBuffer(incoming.data(), incoming.size());
+    const std::uint64_t slot = kRingSlotBase + (static_cast<std::uint64_t>(ring_operations_++) << 16);
+    for (int step = 0; step < n - 1; ++step) {
+      const auto send_chunk = static_cast<std::size_t>(wrap(rank() - step - 1));
+      const auto recv_chunk = static_cast<std::size_t>(wrap(rank() - step - 2));
+      arriving->recv(left, slot + static_cast<std::uint64_t>(step));
+      whole->send(right, slot + static_cast<std::uint64_t>(step), send_chunk * chunk, chunk);
+      GRADSYNC_CHECK(arriving->waitRecv(timeout_), "gloo reduce_scatter: step ", step, " receive from rank ", left,
+                     " did not complete within ", timeout_.count(), " ms");
+      std::byte* target = partial.data() + recv_chunk * chunk;
+      reduce(target, target, incoming.data(), static_cast<std::size_t>(count));
+      GRADSYNC_CHECK(whole->waitSend(timeout_), "gloo reduce_scatter: step ", step, " send to rank ", right,
+                     " did not complete within ", timeout_.count(), " ms");
+    }
+    std::memcpy(output, partial.data() + static_cast<std::size_t>(rank()) * chunk, chunk);
   }
 
   void barrier() override {
@@ -145,6 +173,7 @@ class GlooBackend final : public Backend {
   std::shared_ptr<void> keepalive_;  // rank 0 of a TCP rendezvous: the store server
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
+  std::uint32_t ring_operations_ = 0;
 };
 
 // The address this rank listens on: GRADSYNC_GLOO_HOST (an address or host name other ranks
