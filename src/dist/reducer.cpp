@@ -349,11 +349,6 @@ bool Reducer::contains(const Parameter& parameter) const {
          &impl_->registry[parameter.index()] == &parameter;
 }
 
-bool Reducer::was_ready(const Parameter& parameter) const {
-  const auto [b, m] = impl_->slot(parameter, "Reducer::was_ready");
-  return impl_->buckets[b].ready[m];
-}
-
 bool Reducer::round_started() const { return impl_->started; }
 bool Reducer::all_launched() const { return impl_->next_to_launch == impl_->buckets.size(); }
 std::size_t Reducer::bucket_count() const { return impl_->buckets.size(); }
@@ -367,7 +362,6 @@ void Reducer::set_scales(double prescale, double postscale) {
   impl_->options.prescale = prescale;
   impl_->options.postscale = postscale;
 }
-void Reducer::set_compression(Compression compression) { impl_->options.compression = compression; }
 void Reducer::set_hook(ReduceHook hook) {
   GRADSYNC_CHECK(!impl_->started, "Reducer::set_hook during a round");
   impl_->options.hook = std::move(hook);

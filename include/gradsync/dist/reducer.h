@@ -109,7 +109,6 @@ class Reducer {
   }
 
   bool contains(const Parameter& parameter) const;
-  bool was_ready(const Parameter& parameter) const;  // in this round
   // True once anything happened this round: a member ready, or a bucket launched.
   bool round_started() const;
   bool all_launched() const;
@@ -119,7 +118,6 @@ class Reducer {
   std::size_t bucket_of(const Parameter& parameter) const;
   const ReducerOptions& options() const;
   void set_scales(double prescale, double postscale);
-  void set_compression(Compression compression);
   void set_hook(ReduceHook hook);  // between rounds
 
   // Statistics since construction: bytes handed to the communicator, launches, and the time
