@@ -53,6 +53,9 @@ int main(int argc, char** argv) try {
   const dist::Op op = dist::parse_op(flags.text("--op", "average"));
   const double clip_norm = flags.number("--clip-norm", 0.0);
   flags.finish();
+  GRADSYNC_CHECK(!(clip_norm > 0 && op == dist::Op::adasum),
+                 "--clip-norm does not combine with --op adasum: Adasum reduces the deltas of a local step inside "
+                 "step(), so there is no reduced gradient to clip (Horovod's Adasum optimizer has no skip_synchronize)");
 
   auto training = examples::prepare_training(options);
   comm::Communicator& comm = *training->comm;
