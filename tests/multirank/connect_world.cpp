@@ -1,6 +1,10 @@
-// One rank of a world that meets through comm::connect (the environment rendezvous): checks
-// that every rank sees the same world and that a sum and a gather come out right.
+// One rank of a world that meets through comm::connect (the environment rendezvous).
+//   connect_world BACKEND              every rank checks the world, a sum and a gather
+//   connect_world BACKEND peer-dies    the last rank leaves right after connecting; the others
+//                                      must get an error naming the operation, well within
+//                                      the timeout, instead of hanging
 //   scripts/launch.sh 3 build/tests/connect_world gloo
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,9 +13,24 @@
 
 int main(int argc, char** argv) {
   using namespace gradsync;
+  const bool peer_dies = argc > 2 && std::string(argv[2]) == "peer-dies";
   try {
     auto comm = comm::connect(argc > 1 ? argv[1] : "auto");
     const int n = comm->size();
+    if (peer_dies) {
+      if (comm->rank() == n - 1) return 0;  // leaves: its sockets close
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        Tensor t = Tensor::from_vector(std::vector<double>{1.0}, {1});
+        comm->allreduce(t, comm::ReduceOp::sum);
+        std::fprintf(stderr, "rank %d: the allreduce completed although rank %d left\n", comm->rank(), n - 1);
+        return 1;
+      } catch (const Error& error) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("rank %d got, after %.2f s: %s\n", comm->rank(), seconds, error.what());
+        return std::string(error.what()).find("allreduce #") != std::string::npos ? 0 : 1;
+      }
+    }
     Tensor sum = Tensor::from_vector(std::vector<double>{comm->rank() + 1.0}, {1});
     comm->allreduce(sum, comm::ReduceOp::sum);
     Tensor mine = Tensor::from_vector(std::vector<double>{static_cast<double>(comm->rank())}, {1});
