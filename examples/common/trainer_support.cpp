@@ -186,27 +186,29 @@ double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::i
   return static_cast<double>(correct) / static_cast<double>(rows.size());
 }
 
-void save_checkpoint(const std::string& dir, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
                      const Progress& progress) {
-  std::filesystem::create_directories(dir);
-  io::RegistrySaveOptions options;
-  options.metadata = {{"epoch", std::to_string(progress.epoch)},
-                      {"step_in_epoch", std::to_string(progress.step_in_epoch)},
-                      {"global_step", std::to_string(progress.global_step)}};
-  io::save_registry(registry, std::filesystem::path(dir) / "model.safetensors", options);
-  optimizer.save_state(std::filesystem::path(dir) / "optimizer.safetensors");
+  std::vector<io::NamedTensor> tensors;
+  for (const Parameter& parameter : registry) tensors.push_back({parameter.name(), parameter.value()});
+  for (io::NamedTensor& state : optimizer.state_tensors()) tensors.push_back(std::move(state));
+  io::Metadata metadata = optimizer.state_metadata();
+  metadata["epoch"] = std::to_string(progress.epoch);
+  metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
+  metadata["global_step"] = std::to_string(progress.global_step);
+  io::save_safetensors(path, tensors, metadata);
 }
 
-Progress load_checkpoint(const std::string& dir, ParameterRegistry& registry, optim::Optimizer& optimizer) {
-  const io::Metadata metadata = io::load_registry(registry, std::filesystem::path(dir) / "model.safetensors");
-  optimizer.load_state(std::filesystem::path(dir) / "optimizer.safetensors");
+Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer) {
+  // Both loads validate everything before they change anything; the weights first.
+  const io::Metadata metadata = io::load_registry(registry, path, {.load_grads = false, .allow_extra_tensors = true});
+  optimizer.load_state(io::SafetensorsReader(path));
   Progress progress;
   try {
     progress.epoch = std::stoi(metadata.at("epoch"));
     progress.step_in_epoch = std::stoll(metadata.at("step_in_epoch"));
     progress.global_step = std::stoll(metadata.at("global_step"));
   } catch (const std::exception&) {
-    detail::throw_error(dir, "/model.safetensors: no training progress in its metadata (epoch, step_in_epoch, global_step)");
+    detail::throw_error(path, ": no training progress in its metadata (epoch, step_in_epoch, global_step)");
   }
   return progress;
 }
@@ -255,7 +257,7 @@ void require_identical_replicas(comm::Communicator& comm, const ParameterRegistr
 const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu|cuda   --optimizer sgd|adam|adamw   --lr (0.05 sgd, else 0.003)
   --momentum 0.9   --epochs 20   --batch 64 (global)   --hidden 64   --seed 1
   --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
-  --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save DIR   --resume DIR
+  --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
   --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet)";
 
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {

@@ -81,16 +81,19 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, Parame
 // Accuracy of the model on the held-out rows (local: every rank holds the same weights).
 double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::int64_t>& rows, Device device);
 
-// Checkpoints: <dir>/model.safetensors (weights, with the progress in the metadata) and
-// <dir>/optimizer.safetensors, each written atomically.
+// Checkpoints: one safetensors file holding the weights (under their parameter names, so
+// PyTorch's safetensors loader reads them directly), the optimizer state
+// ("optimizer.state.<param>.<buffer>") and, in the metadata, the optimizer's groups and steps
+// and the training progress. One file written atomically: a save that fails leaves the previous
+// checkpoint whole, weights and optimizer state together.
 struct Progress {
   int epoch = 0;             // the epoch to run next
   std::int64_t step_in_epoch = 0;
   std::int64_t global_step = 0;
 };
-void save_checkpoint(const std::string& dir, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
                      const Progress& progress);
-Progress load_checkpoint(const std::string& dir, ParameterRegistry& registry, optim::Optimizer& optimizer);
+Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer);
 
 // One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
 // the path is empty; only rank 0 writes.

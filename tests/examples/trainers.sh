@@ -37,23 +37,23 @@ case $case_name in
   strategies)  # same final weights: bitwise across ranks (--check-replicas), within tolerance across strategies
     for strategy in single multi forced; do
       "${mpirun[@]}" "$examples/digits_ddp" --microbatches 4 --sync-strategy $strategy --find-unused --max-steps 30 \
-        --check-replicas --quiet --save "$scratch/$strategy"
+        --check-replicas --quiet --save "$scratch/$strategy.safetensors"
     done
-    "$compare" "$scratch/single/model.safetensors" "$scratch/forced/model.safetensors" 0
-    "$compare" "$scratch/single/model.safetensors" "$scratch/multi/model.safetensors" 1e-5 ;;
+    "$compare" "$scratch/single.safetensors" "$scratch/forced.safetensors" 0
+    "$compare" "$scratch/single.safetensors" "$scratch/multi.safetensors" 1e-5 ;;
   resume)  # interrupted at step 13 and resumed = uninterrupted, byte for byte (weights and optimizer state)
     common=(--optimizer adam --microbatches 2 --quiet)
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half" --save "$scratch/resumed"
-    cmp "$scratch/straight/model.safetensors" "$scratch/resumed/model.safetensors"
-    cmp "$scratch/straight/optimizer.safetensors" "$scratch/resumed/optimizer.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half.safetensors" \
+      --save "$scratch/resumed.safetensors"
+    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"  # weights, optimizer state, progress
     echo "resumed run matches the uninterrupted run byte for byte" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
       --optimizer sgd --momentum 0 --lr 0.1 --batch 64 --microbatches 2 --no-shuffle --holdout 0 --hidden 16 \
-      --max-steps 25 --epochs 100 --quiet --save "$scratch/ours"
-    "$compare" "$scratch/ours/model.safetensors" "$fixture/final.safetensors" 1e-5 ;;
+      --max-steps 25 --epochs 100 --quiet --save "$scratch/ours.safetensors"
+    "$compare" "$fixture/final.safetensors" "$scratch/ours.safetensors" 1e-5 ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac
