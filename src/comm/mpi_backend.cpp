@@ -147,7 +147,10 @@ class MpiBackend final : public Backend {
   void broadcast(void* data, std::int64_t count, DType dtype, int root) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     if (size_ > 1 && bytes >= kRingThresholdBytes) {
-      return chain_broadcast(static_cast<std::byte*>(data), bytes, root, segment_size(bytes / 4, dtype_size(dtype)));
+      // Two ranks: one hop, nothing to pipeline, one message. More: segments, so that every
+      // link of the chain is busy at once.
+      return chain_broadcast(static_cast<std::byte*>(data), bytes, root,
+                             size_ == 2 ? bytes : segment_size(bytes / 4, dtype_size(dtype)));
     }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Ibcast(data, int_count(count, "broadcast"), mpi_type(dtype), root, comm_, &request));
