@@ -597,6 +597,48 @@ TEST(DistributedOptimizer, TwoOptimizersOnOneRegistryLikeAGan) {
   });
 }
 
+// A user's own optimizer (sign SGD: w -= lr * sign(g), f32 on the CPU) written against the
+// Optimizer interface only, wrapped like ours.
+class SignSgd final : public optim::Optimizer {
+ public:
+  SignSgd(ParameterRegistry& registry, double lr)
+      : Optimizer(registry, {optim::trainable_parameters(registry)}, {}), lr_(lr) {}
+  const char* name() const override { return "SignSGD"; }
+  optim::Hyperparameters hyperparameters(std::size_t) const override { return {{"lr", lr_}}; }
+
+ protected:
+  void set_hyperparameters(std::size_t, const optim::Hyperparameters& values) override { lr_ = values.at("lr"); }
+  std::uint32_t buffers_used(std::size_t) const override { return 0; }
+  void update_arena(std::size_t arena, std::span<const Segment> segments) override {
+    const Arena& a = registry().arenas()[arena];
+    float* w = a.values.data_as<float>();
+    const float* g = a.grads.data_as<float>();
+    for (const Segment& segment : segments) {
+      for (std::int64_t i = segment.begin; i < segment.begin + segment.count; ++i) {
+        w[i] -= static_cast<float>(lr_) * static_cast<float>((g[i] > 0) - (g[i] < 0));
+      }
+    }
+  }
+
+ private:
+  double lr_;
+};
+
+TEST(DistributedOptimizer, WrapsAUsersOwnOptimizer) {
+  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& w = registry.add("w", {3});
+    registry.finalize();
+    SignSgd sign(registry, 0.5);
+    DistributedOptimizer optimizer(sign, comm);
+    // Averaged over ranks: (r - 1) summed over r = 0, 1, 2 is 0; the first element stays.
+    w.set_grad(Tensor::from_vector(std::vector<float>{static_cast<float>(comm.rank()) - 1.0f, 1.0f, -2.0f}, {3}));
+    registry.mark_ready(w);
+    optimizer.step();
+    testing::expect_near_vectors("w", w.value().to_double_vector(), {0.0, -0.5, 0.5}, 0);
+  });
+}
+
 // Item 56: one rank, no communication.
 TEST(DistributedOptimizer, WorldOfOneStepsPlainly) {
   comm::run_gloo_thread_group(1, [](Communicator& comm) {
