@@ -86,9 +86,11 @@ std::unique_ptr<Communicator> connect(std::string_view backend, Device device, c
   const std::string chosen = choose_backend(backend, device);
   if (chosen == "mpi") return mpi_world(options);
   if (chosen == "gloo") return gloo_from_environment(options);
-  // NCCL: a CPU communicator carries the unique id, then is no longer needed.
+  // NCCL: a CPU communicator carries the unique id, then is no longer needed. Each rank takes
+  // the GPU of its local rank (one GPU holds one NCCL rank), whatever index `device` names:
+  // "--device cuda" on every rank must not put them all on cuda:0.
   auto bootstrap = cpu_from_environment(options);
-  return nccl_communicator(*bootstrap, options, device.is_cuda() && backend != "auto" ? device.index : -1);
+  return nccl_communicator(*bootstrap, options, -1);
 }
 
 }  // namespace gradsync::comm

@@ -10,7 +10,8 @@
 //            default 127.0.0.1, and MASTER_PORT, as torchrun sets them), through a folder when
 //            GRADSYNC_GLOO_STORE_DIR is set with RANK and WORLD_SIZE, else as a world of one.
 // NCCL needs a CPU communicator once, to carry its unique id: MPI when launched by mpirun,
-// else the Gloo rendezvous above. See docs/communication.md for launching 1..N ranks on one
+// else the Gloo rendezvous above; each rank takes the GPU of its local rank (nccl.h), so only
+// the device *type* of `device` matters. Call comm::nccl_communicator to pin a device yourself. See docs/communication.md for launching 1..N ranks on one
 // machine and on several.
 #pragma once
 
