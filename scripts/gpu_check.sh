@@ -10,7 +10,15 @@ if [[ ! -x $bundle/bin/test_gpu ]]; then
   echo "gpu_check: $bundle/ is missing; run scripts/make_gpu_bundle.sh on a build machine and carry it" >&2
   exit 2
 fi
-export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundle's libraries, then the machine's CUDA toolkit and its Python's nvidia-* packages
+# (cudart, cuBLAS, NCCL are not bundled: see make_gpu_bundle.sh).
+cuda_dirs=""
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+           $(find / -maxdepth 7 -type d -path '*site-packages/nvidia/*/lib' 2>/dev/null | sort -u); do
+  [[ -d $dir ]] && cuda_dirs="$cuda_dirs:$dir"
+done
+export LD_LIBRARY_PATH="$PWD/$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ldd "$bundle/bin/test_gpu" | grep -E 'nccl|cublas|cudart|not found' | sed 's/^/lib: /' 
 export GRADSYNC_FIXTURE_DIR="$PWD/$bundle/fixtures"
 out=${OUT:-/tmp/gradsync-gpu-check}
 mkdir -p "$out"

@@ -26,16 +26,21 @@ binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/t
           build-gpu/benchmarks/bench_collectives)
 cp "${binaries[@]}" gpu_bundle/bin/
 cp tests/fixtures/*.safetensors gpu_bundle/fixtures/
-# Every library the binaries load, except the driver (it must match the kernel module there)
-# and glibc's own libraries (always present, and tied to the dynamic loader).
+# Every library the binaries load, except the driver (it must match the kernel module there),
+# glibc's own libraries (always present, and tied to the dynamic loader), and the CUDA
+# toolkit's (cudart, cuBLAS, NCCL: hundreds of MB, and the GPU machine has them, in its toolkit
+# and its Python's nvidia-* packages; gpu_check.sh finds them there).
 for binary in "${binaries[@]}"; do
   ldd "$binary" | awk '/=> \//{print $3}'
 done | sort -u | while read -r library; do
   case "$(basename "$library")" in
     libcuda.so*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
+    libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*|libnvrtc*|libnvJitLink*) ;;
     *) cp -L "$library" gpu_bundle/lib/ ;;
   esac
 done
 git rev-parse HEAD > gpu_bundle/COMMIT 2>/dev/null || true
 echo "sm_$arch" > gpu_bundle/ARCH
+size=$(du -sm gpu_bundle | cut -f1)
+echo "gpu_bundle/: ${size} MB (a device call carries at most 64 MiB with the rest of the tree)"
 du -sh gpu_bundle
