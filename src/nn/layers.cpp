@@ -52,13 +52,6 @@ void linear_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& gy, Ten
   GX.noalias() = GY * W;
 }
 
-template <typename Fn>
-void with_float(DType dtype, Fn&& fn) {
-  if (dtype == DType::f32) return fn(float{});
-  if (dtype == DType::f64) return fn(double{});
-  detail::throw_error("nn layers compute in f32 or f64, got ", dtype_name(dtype));
-}
-
 }  // namespace
 
 Linear::Linear(ParameterRegistry& registry, const std::string& name, std::int64_t in_features, std::int64_t out_features,

@@ -7,6 +7,19 @@
 
 #include "gradsync/core/tensor.h"
 
+namespace gradsync::nn {
+
+// Calls fn(float{}) or fn(double{}) for the dtype the nn layers compute in; anything else is
+// an error naming it. Shared by the CPU and CUDA halves.
+template <typename Fn>
+void with_float(DType dtype, Fn&& fn) {
+  if (dtype == DType::f32) return fn(float{});
+  if (dtype == DType::f64) return fn(double{});
+  detail::throw_error("nn layers compute in f32 or f64, got ", dtype_name(dtype));
+}
+
+}  // namespace gradsync::nn
+
 namespace gradsync::nn::cuda {
 
 // y[B, out] = x[B, in] W[out, in]^T + b

@@ -66,13 +66,6 @@ __global__ void relu_grad(const T* y, const T* gy, T* gx, long long n) {
 
 unsigned blocks(long long n) { return static_cast<unsigned>((n + 255) / 256); }
 
-template <typename Fn>
-void with_float(DType dtype, Fn&& fn) {
-  if (dtype == DType::f32) return fn(float{});
-  if (dtype == DType::f64) return fn(double{});
-  detail::throw_error("nn layers compute in f32 or f64, got ", dtype_name(dtype));
-}
-
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
