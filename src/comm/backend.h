@@ -28,6 +28,15 @@ class Backend {
   virtual void barrier() = 0;
   virtual void send(const void* data, std::size_t nbytes, int peer, int tag) = 0;
   virtual void recv(void* data, std::size_t nbytes, int peer, int tag) = 0;
+
+  // A backend over the same ranks that shares nothing in flight with this one (its own MPI
+  // communicator, its own Gloo context). Called on the communication thread, in sequence.
+  virtual std::unique_ptr<Backend> duplicate() = 0;
+  // Called from any thread once the communicator is broken: make the call in flight (if any)
+  // give up soon, with an error. The backend is not used again afterwards.
+  virtual void abort() = 0;
+  // Adds what the backend knows about a failure (Gloo: which rank a peer address belongs to).
+  virtual std::string explain(const std::string& message) const { return message; }
 };
 
 // The communicator over a CPU backend: validation, sequence numbers, the communication

@@ -25,6 +25,7 @@ const char* op_kind_name(std::int64_t kind) {
     case OpKind::reduce_scatter: return "reduce_scatter";
     case OpKind::coalesced: return "allreduce_coalesced";
     case OpKind::barrier: return "barrier";
+    case OpKind::duplicate: return "duplicate";
   }
   return "?";
 }
@@ -36,6 +37,18 @@ std::string Descriptor::str() const {
   if (root >= 0) text << " root " << root;
   text << ", " << dtype_name(static_cast<DType>(dtype)) << " x " << count;
   return text.str();
+}
+
+std::int64_t Descriptor::fingerprint() const {
+  // FNV-1a over the six words, folded to 62 bits so that -fingerprint never overflows.
+  std::uint64_t hash = 1469598103934665603ull;
+  for (const std::int64_t word : {seq, kind, dtype, count, root, op}) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (static_cast<std::uint64_t>(word) >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  }
+  return static_cast<std::int64_t>(hash >> 2);
 }
 
 void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& all, int my_rank) {

@@ -11,7 +11,7 @@
 
 namespace gradsync::comm {
 
-enum class OpKind : std::int64_t { allreduce = 1, broadcast, allgather, allgatherv, reduce_scatter, coalesced, barrier };
+enum class OpKind : std::int64_t { allreduce = 1, broadcast, allgather, allgatherv, reduce_scatter, coalesced, barrier, duplicate };
 const char* op_kind_name(std::int64_t kind);
 
 // What a rank believes the current collective is. Six int64s, so it travels as one small
@@ -28,6 +28,8 @@ struct Descriptor {
     return {0, static_cast<std::int64_t>(kind), static_cast<std::int64_t>(dtype), count, root, op};
   }
   std::string str() const;  // "allreduce #12 (sum), f32 x 1000"
+  // A 62-bit hash of every field: what the cheap always-on check compares across ranks.
+  std::int64_t fingerprint() const;
   bool operator==(const Descriptor&) const = default;
 };
 static_assert(sizeof(Descriptor) == 6 * sizeof(std::int64_t));

@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <cstdlib>
@@ -30,10 +31,26 @@ namespace {
 constexpr std::uint64_t kP2PSlotBase = std::uint64_t{1} << 40;
 constexpr std::uint64_t kRingSlotBase = std::uint64_t{1} << 48;
 
+std::shared_ptr<gloo::Context> connect(gloo::rendezvous::Store& store, const std::string& where, int rank, int size,
+                                       std::chrono::milliseconds timeout,
+                                       std::shared_ptr<gloo::transport::Device> device);
+
+// How a Gloo world met: the store (kept, so that duplicate() can meet again under a fresh
+// prefix), this rank's transport device, and whatever must outlive the store's clients.
+struct Rendezvous {
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<void> keepalive;  // rank 0 of a TCP rendezvous: the store server
+  std::string where;                // "the TCP store at host:port", for messages
+  std::chrono::milliseconds timeout{300000};  // the rendezvous timeout
+};
+
 class GlooBackend final : public Backend {
  public:
-  explicit GlooBackend(std::shared_ptr<gloo::Context> context, std::shared_ptr<void> keepalive = nullptr)
-      : context_(std::move(context)), keepalive_(std::move(keepalive)) {}
+  GlooBackend(std::shared_ptr<gloo::Context> context, Rendezvous rendezvous, std::string prefix)
+      : context_(std::move(context)), rendezvous_(std::move(rendezvous)), prefix_(std::move(prefix)) {
+    learn_peer_addresses();
+  }
 
   const char* name() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
@@ -150,6 +167,31 @@ class GlooBackend final : public Backend {
                    timeout_.count(), " ms");
   }
 
+  // A new context over the same store under a fresh prefix: every rank duplicates in the same
+  // sequence, so the n-th duplicate of this context meets under the same name everywhere.
+  std::unique_ptr<Backend> duplicate() override {
+    const std::string prefix = prefix_ + "dup" + std::to_string(duplicates_++) + "/";
+    gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
+    auto context = connect(store, rendezvous_.where, rank(), size(), rendezvous_.timeout, rendezvous_.device);
+    auto child = std::make_unique<GlooBackend>(std::move(context), rendezvous_, prefix);
+    child->set_timeout(timeout_);
+    return child;
+  }
+
+  // Closing the connections makes every wait in flight on this context fail at once.
+  void abort() override { context_->closeConnections(); }
+
+  // Gloo names a vanished peer by its address ("[127.0.0.1]:40123"): add its rank.
+  std::string explain(const std::string& message) const override {
+    for (std::size_t peer = 0; peer < peer_addresses_.size(); ++peer) {
+      const std::string& address = peer_addresses_[peer];
+      if (!address.empty() && message.find(address) != std::string::npos) {
+        return message + " (" + address + " is rank " + std::to_string(peer) + ")";
+      }
+    }
+    return message;
+  }
+
  private:
   // Calls fn((E*)nullptr) with an element type of the dtype's size; Gloo only moves bytes.
   template <typename Fn>
@@ -169,8 +211,31 @@ class GlooBackend final : public Backend {
 
   std::uint32_t next_tag() { return tag_++; }
 
+  // Every rank publishes the address of its end of each pair; rank j's end of the pair with
+  // this rank is the address this rank's Gloo errors name for rank j.
+  void learn_peer_addresses() {
+    constexpr std::size_t kWidth = 64;
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<char> mine(kWidth * n, '\0');
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      const std::string address = context_->getPair(peer)->address().str();
+      std::memcpy(mine.data() + kWidth * static_cast<std::size_t>(peer), address.data(), std::min(address.size(), kWidth - 1));
+    }
+    std::vector<char> all(kWidth * n * n, '\0');
+    if (n > 1) allgather(mine.data(), all.data(), static_cast<std::int64_t>(mine.size() / 8), DType::i64);
+    peer_addresses_.assign(n, std::string());
+    for (std::size_t peer = 0; peer < n; ++peer) {
+      if (peer == static_cast<std::size_t>(rank())) continue;
+      peer_addresses_[peer] = std::string(all.data() + kWidth * (n * peer + static_cast<std::size_t>(rank())));
+    }
+  }
+
   std::shared_ptr<gloo::Context> context_;
-  std::shared_ptr<void> keepalive_;  // rank 0 of a TCP rendezvous: the store server
+  Rendezvous rendezvous_;
+  std::string prefix_;
+  int duplicates_ = 0;
+  std::vector<std::string> peer_addresses_;  // by rank: how Gloo's messages name that peer
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
   std::uint32_t ring_operations_ = 0;
@@ -185,9 +250,88 @@ std::shared_ptr<gloo::transport::Device> loopback_device() {
   return gloo::transport::tcp::CreateDevice(attributes);
 }
 
-std::shared_ptr<gloo::Context> connect(gloo::rendezvous::Store& store, int rank, int size,
+// A store that reports while it waits: every GRADSYNC_RENDEZVOUS_REPORT_MS (10 s) a rank
+// says on stderr which ranks it is still waiting for and where, instead of waiting silently
+// until the rendezvous timeout; the timeout's error names them too.
+class ReportingStore final : public gloo::rendezvous::Store {
+ public:
+  ReportingStore(gloo::rendezvous::Store& inner, std::string where, int rank)
+      : inner_(inner), where_(std::move(where)), rank_(rank),
+        report_every_(milliseconds_from_environment("GRADSYNC_RENDEZVOUS_REPORT_MS", std::chrono::milliseconds(10000))) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, std::chrono::milliseconds(0));
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto limit = timeout.count() > 0 ? timeout : timeout_;
+    const auto start = std::chrono::steady_clock::now();
+    auto next_report = start + report_every_;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto slice = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(200),
+          std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(start + limit - now)));
+      try {
+        inner_.wait(keys, slice);
+        return;
+      } catch (const std::exception&) {
+        // not there yet: report or give up below
+      }
+      const auto after = std::chrono::steady_clock::now();
+      if (after >= start + limit) {
+        detail::throw_error("rendezvous of rank ", rank_, " through ", where_, ": still waiting for ", missing(keys),
+                            " after ", limit.count(), " ms (the rendezvous timeout; GRADSYNC_RENDEZVOUS_TIMEOUT_MS)");
+      }
+      if (after >= next_report) {
+        std::fprintf(stderr, "gradsync: rank %d waiting %.0f s at the rendezvous (%s) for %s\n", rank_,
+                     std::chrono::duration<double>(after - start).count(), where_.c_str(), missing(keys).c_str());
+        next_report = after + report_every_;
+      }
+    }
+  }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ private:
+  // Gloo's full mesh waits for the key "rank_N" of every other rank N (under a prefix).
+  std::string missing(const std::vector<std::string>& keys) {
+    std::string ranks;
+    std::string others;
+    for (const std::string& key : keys) {
+      bool present = false;
+      try {
+        inner_.wait({key}, std::chrono::milliseconds(1));
+        present = true;
+      } catch (const std::exception&) {
+      }
+      if (present) continue;
+      const auto at = key.rfind("rank_");
+      if (at != std::string::npos && key.find_first_not_of("0123456789", at + 5) == std::string::npos) {
+        ranks += (ranks.empty() ? "" : ", ") + key.substr(at + 5);
+      } else {
+        others += (others.empty() ? "" : ", ") + ("'" + key + "'");
+      }
+    }
+    std::string text;
+    if (!ranks.empty()) text = "rank(s) " + ranks + " (not arrived yet)";
+    if (!others.empty()) text += (text.empty() ? "key(s) " : "; key(s) ") + others;
+    return text.empty() ? "peers that were slow to publish" : text;
+  }
+
+  gloo::rendezvous::Store& inner_;
+  std::string where_;
+  int rank_;
+  std::chrono::milliseconds report_every_;
+  std::chrono::milliseconds timeout_{300000};
+};
+
+std::shared_ptr<gloo::Context> connect(gloo::rendezvous::Store& raw_store, const std::string& where, int rank, int size,
                                        std::chrono::milliseconds timeout,
                                        std::shared_ptr<gloo::transport::Device> device) {
+  ReportingStore store(raw_store, where, rank);
+  store.set_timeout(timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   try {
@@ -203,11 +347,36 @@ std::shared_ptr<gloo::Context> connect(gloo::rendezvous::Store& store, int rank,
 
 bool gloo_available() { return true; }
 
+namespace {
+
+// A rank's communicator once the store exists: meet, then hand the backend to the engine.
+std::unique_ptr<Communicator> meet(Rendezvous rendezvous, int rank, int size, const CommOptions& options,
+                                   bool barrier_after = false) {
+  auto context = connect(*rendezvous.store, rendezvous.where, rank, size, rendezvous.timeout, rendezvous.device);
+  auto backend = std::make_unique<GlooBackend>(std::move(context), std::move(rendezvous), "");
+  if (barrier_after) {
+    // Everyone has read what it needed from the store once all ranks are connected; the
+    // barrier lets rank 0 know that before its server may go away.
+    backend->set_timeout(resolve_timeout(options.timeout));
+    backend->barrier();
+  }
+  return make_cpu_communicator(std::move(backend), options);
+}
+
+Rendezvous rendezvous_through(std::shared_ptr<gloo::rendezvous::Store> store, std::string where, const CommOptions& options) {
+  Rendezvous rendezvous;
+  rendezvous.store = std::move(store);
+  rendezvous.device = loopback_device();
+  rendezvous.where = std::move(where);
+  rendezvous.timeout = resolve_rendezvous_timeout(options.rendezvous_timeout, options.timeout);
+  return rendezvous;
+}
+
+}  // namespace
+
 void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body, const CommOptions& options) {
   GRADSYNC_CHECK(size >= 1, "run_gloo_thread_group: size must be positive, got ", size);
-  gloo::rendezvous::HashStore store;
-  auto device = loopback_device();
-  const auto timeout = resolve_timeout(options.timeout);
+  const Rendezvous shared = rendezvous_through(std::make_shared<gloo::rendezvous::HashStore>(), "the in-process store", options);
   std::mutex errors_mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> threads;
@@ -215,8 +384,7 @@ void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& b
     threads.emplace_back([&, rank] {
       ThreadRankScope label(rank);
       try {
-        auto communicator = make_cpu_communicator(
-            std::make_unique<GlooBackend>(connect(store, rank, size, timeout, device)), options);
+        auto communicator = meet(shared, rank, size, options);
         body(*communicator);
       } catch (...) {
         std::lock_guard<std::mutex> lock(errors_mutex);
@@ -232,27 +400,23 @@ std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path& folde
                                               const CommOptions& options) {
   GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_file_store: rank ", rank, " is outside a world of ", size);
   std::filesystem::create_directories(folder);
-  gloo::rendezvous::FileStore store(folder.string());
-  const auto timeout = resolve_timeout(options.timeout);
-  return make_cpu_communicator(std::make_unique<GlooBackend>(connect(store, rank, size, timeout, loopback_device())),
-                               options);
+  return meet(rendezvous_through(std::make_shared<gloo::rendezvous::FileStore>(folder.string()),
+                                 "the file store in " + folder.string(), options),
+              rank, size, options);
 }
 
 std::unique_ptr<Communicator> gloo_tcp_store(const std::string& host, int port, int rank, int size,
                                              const CommOptions& options) {
   GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_tcp_store: rank ", rank, " is outside a world of ", size);
-  const auto timeout = resolve_timeout(options.timeout);
   if (size == 1) {  // nobody to meet: no server, no port
-    gloo::rendezvous::HashStore store;
-    return make_cpu_communicator(std::make_unique<GlooBackend>(connect(store, 0, 1, timeout, loopback_device())), options);
+    return meet(rendezvous_through(std::make_shared<gloo::rendezvous::HashStore>(), "the in-process store", options), 0, 1,
+                options);
   }
-  TcpStore store(host, port, /*serve=*/rank == 0, timeout);
-  auto backend = std::make_unique<GlooBackend>(connect(store, rank, size, timeout, loopback_device()), store.server());
-  // Everyone has read what it needed from the store once all ranks are connected; the
-  // barrier lets rank 0 know that before its server may go away.
-  backend->set_timeout(timeout);
-  backend->barrier();
-  return make_cpu_communicator(std::move(backend), options);
+  const auto timeout = resolve_rendezvous_timeout(options.rendezvous_timeout, options.timeout);
+  auto store = std::make_shared<TcpStore>(host, port, /*serve=*/rank == 0, timeout);
+  Rendezvous rendezvous = rendezvous_through(store, "the TCP store at " + host + ":" + std::to_string(port), options);
+  rendezvous.keepalive = store->server();
+  return meet(std::move(rendezvous), rank, size, options, /*barrier_after=*/true);
 }
 
 }  // namespace gradsync::comm

@@ -13,6 +13,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <array>
 #include <cstring>
 #include <vector>
@@ -28,15 +30,42 @@ namespace gradsync::comm {
 
 namespace {
 
+// Every MPI call of this process goes through one lock: several communicators (each Reducer
+// duplicates its own) have a communication thread each, and MPI_THREAD_SERIALIZED allows one
+// call at a time. Calls are short (nonblocking starts and MPI_Test polls), so the threads
+// interleave at call granularity. Recursive: an argument may itself call MPI (mpi_op).
+std::recursive_mutex& mpi_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
 void check_mpi(int status, const char* call) {
   if (status == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  MPI_Error_string(status, text, &length);
+  {
+    std::lock_guard<std::recursive_mutex> lock(mpi_mutex());
+    MPI_Error_string(status, text, &length);
+  }
   detail::throw_error("MPI call ", call, " failed: ", std::string(text, static_cast<std::size_t>(length)));
 }
 
-#define GRADSYNC_MPI_CHECK(call) check_mpi((call), #call)
+#define GRADSYNC_MPI_CHECK(call)                                   \
+  do {                                                             \
+    int mpi_status_;                                               \
+    {                                                              \
+      std::lock_guard<std::recursive_mutex> mpi_lock_(mpi_mutex()); \
+      mpi_status_ = (call);                                        \
+    }                                                              \
+    check_mpi(mpi_status_, #call);                                 \
+  } while (0)
+
+// Set once any MPI communicator of this process broke (a timeout, an abort): MPI_Finalize
+// would then wait forever for the lost peer, so the process ends the job with MPI_Abort.
+std::atomic<bool>& any_broken() {
+  static std::atomic<bool> broken{false};
+  return broken;
+}
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -95,13 +124,23 @@ int int_count(std::int64_t count, const char* op) {
   return static_cast<int>(count);
 }
 
-// Finalizes MPI at exit when we initialized it.
+// Finalizes MPI at exit when we initialized it. After a failure MPI_Finalize blocks on the
+// peer that stopped answering (it synchronizes with every rank), so a broken job ends with
+// MPI_Abort instead: mpirun then stops the other ranks too, and the exit status is non-zero.
 struct MpiLifetime {
   bool we_initialized = false;
   ~MpiLifetime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (we_initialized && !finalized) MPI_Finalize();
+    if (!we_initialized || finalized) return;
+    if (any_broken()) {
+      std::fprintf(stderr,
+                   "gradsync: an MPI communicator of this process broke (timeout or lost peer); ending the job with "
+                   "MPI_Abort, since MPI_Finalize would wait for the lost peer forever\n");
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    MPI_Finalize();
   }
 };
 MpiLifetime& lifetime() {
@@ -111,10 +150,17 @@ MpiLifetime& lifetime() {
 
 class MpiBackend final : public Backend {
  public:
+  // Over MPI_COMM_WORLD's ranks: a private communicator for the collectives and one for the
+  // ring's messages, which can then never match a user's send.
   MpiBackend() {
     GRADSYNC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-    // The ring's messages travel on their own communicator: they can never match a user's send.
     GRADSYNC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &ring_comm_));
+    configure();
+  }
+  // Over two communicators already duplicated for it (duplicate()).
+  MpiBackend(MPI_Comm comm, MPI_Comm ring_comm) : comm_(comm), ring_comm_(ring_comm) { configure(); }
+
+  void configure() {
     GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN));
     GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     GRADSYNC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -124,10 +170,30 @@ class MpiBackend final : public Backend {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && !broken_) {
+      std::lock_guard<std::recursive_mutex> lock(mpi_mutex());
       MPI_Comm_free(&ring_comm_);
       MPI_Comm_free(&comm_);
     }
   }
+
+  // MPI_Comm_idup, polled against the timeout like every other call.
+  std::unique_ptr<Backend> duplicate() override {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm ring = MPI_COMM_NULL;
+    MPI_Request request;
+    GRADSYNC_MPI_CHECK(MPI_Comm_idup(comm_, &comm, &request));
+    complete(request, "MPI_Comm_idup");
+    GRADSYNC_MPI_CHECK(MPI_Comm_idup(ring_comm_, &ring, &request));
+    complete(request, "MPI_Comm_idup");
+    auto child = std::make_unique<MpiBackend>(comm, ring);
+    child->set_timeout(timeout_);
+    return child;
+  }
+
+  // The polling loop of the call in flight sees the flag and gives up. (MPI cannot cancel a
+  // started collective: the request stays pending, the communicator is never used again, and
+  // the process ends with MPI_Abort rather than MPI_Finalize.)
+  void abort() override { aborted_ = true; }
 
   const char* name() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -332,8 +398,10 @@ class MpiBackend final : public Backend {
       GRADSYNC_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
       if (done) return;
       const auto elapsed = std::chrono::steady_clock::now() - start;
-      if (elapsed > timeout_) {
+      if (elapsed > timeout_ || aborted_) {
         broken_ = true;  // the request stays pending; this communicator cannot be used again
+        any_broken() = true;
+        if (aborted_) detail::throw_error(call, " was aborted: the communicator broke while it was in flight");
         detail::throw_error(call, " did not complete within ", timeout_.count(), " ms");
       }
       if (elapsed > std::chrono::seconds(1)) {
@@ -351,6 +419,7 @@ class MpiBackend final : public Backend {
   int size_ = 1;
   std::chrono::milliseconds timeout_{300000};
   bool broken_ = false;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
@@ -371,6 +440,9 @@ std::unique_ptr<Communicator> mpi_world(const CommOptions& options) {
     int provided = 0;
     GRADSYNC_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
     lifetime().we_initialized = true;
+    // Errors raised while progressing a request may be reported on MPI_COMM_WORLD (Open MPI
+    // does for a truncated message): they must come back to us as codes, not abort the job.
+    GRADSYNC_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     GRADSYNC_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI provides thread level ", provided,
                    " but gradsync's communication thread needs MPI_THREAD_SERIALIZED");
   } else {

@@ -56,6 +56,8 @@ class NcclState {
       : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
 
   ~NcclState() {
+    int previous = 0;
+    cudaGetDevice(&previous);
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
       // Finalize flushes outstanding work; if it fails or does not settle in time, abort.
@@ -73,21 +75,32 @@ class NcclState {
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (scratch_ != nullptr) cudaFree(scratch_);
+    cudaSetDevice(previous);
   }
 
   void check(ncclResult_t result, const std::string& what) {
     if (result == ncclSuccess) return;
     if (result == ncclInProgress) return settle(what);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     fail(what + " failed: " + ncclGetErrorString(result) + " (" + ncclGetLastError(comm_) + ")");
+  }
+
+  // NCCL's asynchronous error state, read under the lock that fail() aborts under, so the
+  // handle can never be used after another thread aborted and cleared it.
+  ncclResult_t async_error(const std::string& what) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (comm_ == nullptr) fail(what + ": the communicator was aborted by an earlier failure: " + broken_);
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+    if (query != ncclSuccess) fail(what + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(query));
+    return state;
   }
 
   // Polls until NCCL has finished accepting the last call (non-blocking mode), or the timeout.
   void settle(const std::string& what) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
-      if (query != ncclSuccess) fail(what + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(query));
+      const ncclResult_t state = async_error(what);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what + " failed asynchronously: " + ncclGetErrorString(state));
       if (std::chrono::steady_clock::now() - start > timeout_) {
@@ -107,8 +120,8 @@ class NcclState {
       if (status != cudaErrorNotReady) {
         fail(what + ": CUDA reported " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
       }
-      ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
+      const ncclResult_t state = async_error(what);
+      if (state != ncclSuccess && state != ncclInProgress) {
         fail(what + " failed asynchronously: " + ncclGetErrorString(state));
       }
       const auto elapsed = std::chrono::steady_clock::now() - start;
@@ -128,7 +141,7 @@ class NcclState {
   // no rank blocks forever), and throws.
   [[noreturn]] void fail(const std::string& message) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
       if (broken_.empty()) {
         broken_ = message;
         if (comm_ != nullptr) ncclCommAbort(comm_);
@@ -139,7 +152,7 @@ class NcclState {
   }
 
   void require_usable(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     if (!broken_.empty()) {
       detail::throw_error(what, ": the nccl communicator is broken by an earlier failure: ", broken_);
     }
@@ -152,7 +165,8 @@ class NcclState {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;  // barrier and agreement-check payloads
-  std::mutex mutex_;
+  // Guards comm_ and broken_. Recursive: an enqueue holds it while a failing check aborts.
+  std::recursive_mutex mutex_;
   std::string broken_;
 };
 
@@ -166,8 +180,10 @@ class NcclWork final : public Work {
 
   bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
   void wait(std::chrono::milliseconds timeout) override {
-    if (waited_) return;
-    state_->wait_event(done_, description_, timeout);
+    if (!waited_) state_->wait_event(done_, description_, timeout);
+    // An event also completes on a communicator that another wait aborted meanwhile: the
+    // kernels ended without their data. That is a failure, not a result.
+    state_->require_usable(description_);
     waited_ = true;
   }
   const std::string& description() const override { return description_; }
@@ -186,7 +202,7 @@ class NcclCommunicator final : public Communicator {
       : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout))) {
     const char* debug = std::getenv("GRADSYNC_DEBUG_COLLECTIVES");
     check_agreement_ = options.check_agreement || (debug != nullptr && std::string(debug) == "1");
-    GRADSYNC_CUDA_CHECK(cudaSetDevice(device));
+    DeviceGuard guard(device);
 
     // Rank 0 creates the id; the bootstrap communicator carries it to everyone.
     ncclUniqueId id{};
@@ -209,6 +225,36 @@ class NcclCommunicator final : public Communicator {
                    std::to_string(state_->size_) + ")");
     GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
     GRADSYNC_CUDA_CHECK(cudaMalloc(&state_->scratch_, sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1)));
+  }
+
+  // A communicator over a handle ncclCommSplit made (duplicate()).
+  NcclCommunicator(std::shared_ptr<NcclState> state, bool check_agreement)
+      : state_(std::move(state)), check_agreement_(check_agreement) {
+    DeviceGuard device(state_->device_);
+    GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
+    GRADSYNC_CUDA_CHECK(cudaMalloc(&state_->scratch_, sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1)));
+  }
+
+  // ncclCommSplit with one color: the same ranks, its own NCCL communicator and stream.
+  std::unique_ptr<Communicator> duplicate() override {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    const std::string what = "ncclCommSplit (duplicate #" + std::to_string(duplicates_++) + ")";
+    auto child = std::make_shared<NcclState>(state_->rank_, state_->size_, state_->device_, state_->timeout_);
+    {
+      std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
+      state_->require_usable(what);
+      DeviceGuard device(state_->device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      state_->check(ncclCommSplit(state_->comm_, 0, state_->rank_, &child->comm_, &config), what);
+    }
+    child->settle(what);
+    return std::make_unique<NcclCommunicator>(std::move(child), check_agreement_);
+  }
+
+  std::string broken_reason() const override {
+    std::lock_guard<std::recursive_mutex> lock(state_->mutex_);
+    return state_->broken_;
   }
 
   int rank() const override { return state_->rank_; }
@@ -302,7 +348,8 @@ class NcclCommunicator final : public Communicator {
   WorkHandle send_async(const Tensor& tensor, int peer, int tag) override {
     require_device(*this, "send", tensor);
     require_peer(*this, "send", peer);
-    return launch_p2p(describe_p2p("send", p2p_sequence_++, tensor, peer, tag), [&](const std::string& what) {
+    return launch_p2p([&](std::int64_t sequence) { return describe_p2p("send", sequence, tensor, peer, tag); },
+                      [&](const std::string& what) {
       state_->check(ncclSend(tensor.data(), tensor.nbytes(), ncclInt8, peer, state_->comm_, state_->stream_), what);
     });
   }
@@ -310,30 +357,51 @@ class NcclCommunicator final : public Communicator {
   WorkHandle recv_async(Tensor& tensor, int peer, int tag) override {
     require_device(*this, "recv", tensor);
     require_peer(*this, "recv", peer);
-    return launch_p2p(describe_p2p("recv", p2p_sequence_++, tensor, peer, tag), [&](const std::string& what) {
+    return launch_p2p([&](std::int64_t sequence) { return describe_p2p("recv", sequence, tensor, peer, tag); },
+                      [&](const std::string& what) {
       state_->check(ncclRecv(tensor.data(), tensor.nbytes(), ncclInt8, peer, state_->comm_, state_->stream_), what);
     });
   }
 
  private:
+  // Makes our GPU current for one launch and gives the caller's back afterwards.
+  class DeviceGuard {
+   public:
+    explicit DeviceGuard(int device) {
+      GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
+      if (previous_ != device) GRADSYNC_CUDA_CHECK(cudaSetDevice(device));
+    }
+    ~DeviceGuard() { cudaSetDevice(previous_); }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+   private:
+    int previous_ = 0;
+  };
+
   template <typename Enqueue>
   WorkHandle launch(Descriptor descriptor, Enqueue&& enqueue) {
     std::lock_guard<std::mutex> lock(launch_mutex_);
     descriptor.seq = collective_sequence_++;
     const std::string what = descriptor.str();
+    // Held while NCCL reads the handle: a concurrent abort waits for the enqueue to finish.
+    std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
     state_->require_usable(what);
-    GRADSYNC_CUDA_CHECK(cudaSetDevice(state_->device_));
+    DeviceGuard device(state_->device_);
     order_after_caller();
     if (check_agreement_) check_agreement(descriptor, what);
     if (descriptor.count > 0 || descriptor.kind == static_cast<std::int64_t>(OpKind::barrier)) enqueue(what);
     return finish(what);
   }
 
-  template <typename Enqueue>
-  WorkHandle launch_p2p(const std::string& what, Enqueue&& enqueue) {
+  // `name(sequence)` describes the operation; the sequence number is taken under the lock.
+  template <typename Name, typename Enqueue>
+  WorkHandle launch_p2p(Name&& name, Enqueue&& enqueue) {
     std::lock_guard<std::mutex> lock(launch_mutex_);
+    const std::string what = name(p2p_sequence_++);
+    std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
     state_->require_usable(what);
-    GRADSYNC_CUDA_CHECK(cudaSetDevice(state_->device_));
+    DeviceGuard device(state_->device_);
     order_after_caller();
     enqueue(what);
     return finish(what);
@@ -384,6 +452,7 @@ class NcclCommunicator final : public Communicator {
   std::mutex launch_mutex_;
   std::int64_t collective_sequence_ = 0;
   std::int64_t p2p_sequence_ = 0;
+  int duplicates_ = 0;
 };
 
 }  // namespace

@@ -195,6 +195,7 @@ TcpStore::~TcpStore() {
 std::shared_ptr<void> TcpStore::server() const { return server_; }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
+  std::lock_guard<std::mutex> lock(mutex_);
   const char op = 'S';
   const auto key_length = static_cast<std::uint32_t>(key.size());
   const std::uint64_t length = data.size();
@@ -206,6 +207,7 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
 }
 
 bool TcpStore::try_get(const std::string& key, std::vector<char>& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
   const char op = 'G';
   const auto key_length = static_cast<std::uint32_t>(key.size());
   char found = 0;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace gradsync::comm {
@@ -34,6 +35,7 @@ class TcpStore final : public gloo::rendezvous::Store {
   bool try_get(const std::string& key, std::vector<char>& value);
 
   std::shared_ptr<TcpStoreServer> server_;
+  std::mutex mutex_;  // one request at a time on the socket (duplicates may meet from several threads)
   int socket_ = -1;
   std::string endpoint_;
   std::chrono::milliseconds timeout_;

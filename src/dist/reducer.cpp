@@ -102,8 +102,14 @@ void scale_gradient(Tensor& values, double factor) {
 
 struct Reducer::Impl {
   ParameterRegistry& registry;
+  // The Reducer's own communicator (a duplicate of the caller's): buckets launch when this
+  // rank's gradients are ready, an order no other rank shares, so they must not be in the same
+  // sequence as anybody else's collectives (another Reducer's, DataParallel's status, the
+  // user's). A world of one has no order to protect and uses the caller's.
+  std::unique_ptr<comm::Communicator> own_comm;
   comm::Communicator& comm;
   ReducerOptions options;
+  std::string broken;  // the first failure; every later call refuses with it
 
   struct Bucket {
     BucketInfo info;
@@ -123,7 +129,40 @@ struct Reducer::Impl {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   Impl(ParameterRegistry& registry_, comm::Communicator& comm_, ReducerOptions options_)
-      : registry(registry_), comm(comm_), options(std::move(options_)) {}
+      : registry(registry_), own_comm(comm_.size() > 1 ? comm_.duplicate() : nullptr),
+        comm(own_comm ? *own_comm : comm_), options(std::move(options_)) {}
+
+  void require_usable(const char* what) const {
+    GRADSYNC_CHECK(broken.empty(), what, ": this Reducer is broken by an earlier failure and can no longer ",
+                   "reduce (the ranks' rounds are out of step); the failure was: ", broken);
+  }
+
+  // After a failure: wait for every Work still in flight (each is bounded by the timeout, and
+  // fails at once on a broken communicator), so nothing writes the arena behind the caller's
+  // back, then refuse everything from now on.
+  void fail(const std::exception_ptr& error) {
+    if (broken.empty()) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        broken = e.what();
+      } catch (...) {
+        broken = "an unknown exception";
+      }
+    }
+    drain();
+  }
+
+  void drain() noexcept {
+    for (Bucket& bucket : buckets) {
+      if (!bucket.work) continue;
+      try {
+        bucket.work->wait();
+      } catch (...) {
+      }
+      bucket.work.reset();
+    }
+  }
 
   const std::pair<std::size_t, std::size_t>& slot(const Parameter& parameter, const char* what) const {
     GRADSYNC_CHECK(parameter.index() < slot_of.size() && &registry[parameter.index()] == &parameter &&
@@ -225,8 +264,18 @@ struct Reducer::Impl {
     return bucket.flat.view(static_cast<std::size_t>(bucket.info.member_offset[m]), {bucket.info.members[m]->numel()});
   }
 
+  // A bucket counts as launched only once its Work exists: a launch that throws (a hook, a
+  // broken communicator, a failed cast) breaks the Reducer instead of leaving a hole.
   void launch_in_order() {
-    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) launch(buckets[next_to_launch++]);
+    try {
+      while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+        launch(buckets[next_to_launch]);
+        ++next_to_launch;
+      }
+    } catch (...) {
+      fail(std::current_exception());
+      throw;
+    }
   }
 
   void launch(Bucket& bucket) {
@@ -294,17 +343,11 @@ Reducer::Reducer(ParameterRegistry& registry, comm::Communicator& comm, std::vec
 Reducer::~Reducer() {
   // Outstanding reductions still write into the arena: let them finish (bounded by the
   // communicator's timeout) before the buffers can go away. Errors were already reported.
-  for (Impl::Bucket& bucket : impl_->buckets) {
-    if (bucket.work) {
-      try {
-        bucket.work->wait();
-      } catch (...) {
-      }
-    }
-  }
+  impl_->drain();
 }
 
 void Reducer::ready(const Parameter& parameter) {
+  impl_->require_usable("Reducer::ready");
   const auto [b, m] = impl_->slot(parameter, "Reducer::ready");
   Impl::Bucket& bucket = impl_->buckets[b];
   GRADSYNC_CHECK(!bucket.ready[m], "the gradient of parameter '", parameter.name(),
@@ -316,6 +359,7 @@ void Reducer::ready(const Parameter& parameter) {
 }
 
 std::vector<Parameter*> Reducer::finish() {
+  impl_->require_usable("Reducer::finish");
   std::vector<Parameter*> never_ready;
   for (std::size_t b = impl_->next_to_launch; b < impl_->buckets.size(); ++b) {
     Impl::Bucket& bucket = impl_->buckets[b];
@@ -333,16 +377,22 @@ std::vector<Parameter*> Reducer::finish() {
 }
 
 void Reducer::wait() {
+  impl_->require_usable("Reducer::wait");
   GRADSYNC_CHECK(all_launched(), "Reducer::wait: bucket ", impl_->next_to_launch,
                  " was never launched (call finish() first)");
   try {
     for (Impl::Bucket& bucket : impl_->buckets) impl_->complete(bucket);
   } catch (...) {
+    impl_->fail(std::current_exception());  // waits for the later buckets before anyone reuses the arena
     impl_->reset_round();
     throw;
   }
   impl_->reset_round();
 }
+
+bool Reducer::broken() const { return !impl_->broken.empty(); }
+const std::string& Reducer::broken_reason() const { return impl_->broken; }
+comm::Communicator& Reducer::communicator() const { return impl_->comm; }
 
 bool Reducer::contains(const Parameter& parameter) const {
   return parameter.index() < impl_->slot_of.size() && impl_->slot_of[parameter.index()].first != Impl::npos &&

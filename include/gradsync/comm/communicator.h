@@ -12,9 +12,20 @@
 //    operation, its sequence number, dtype, count and rank;
 //  * after any failure the communicator is broken: later operations fail at once with the
 //    first error, instead of running out of step with the other ranks;
-//  * debug mode (CommOptions::check_agreement, or GRADSYNC_DEBUG_COLLECTIVES=1) checks before
-//    each collective that all ranks agree on sequence number, operation, dtype, element count
-//    and root, and reports the first mismatch with both ranks' views.
+//  * a wait that expires breaks the communicator and cancels the operation (a queued one
+//    never runs; a running one is aborted and waited for), so no late completion can land in a
+//    buffer the caller has moved on from (docs/communication.md, "Failure semantics");
+//  * the CPU backends check before every collective, always, that all ranks run the same one
+//    (one 16-byte allreduce of a fingerprint of the descriptor below; CommOptions::verify);
+//    a mismatch is an Error on every rank, never a third-party abort. Debug mode
+//    (CommOptions::check_agreement, or GRADSYNC_DEBUG_COLLECTIVES=1) exchanges the whole
+//    descriptor (sequence number, operation, dtype, element count, root) and names the first
+//    disagreeing rank with both views (the cheap check does that too once it sees a mismatch).
+//
+// One order per communicator: collectives match by the order each rank issues them. Anything
+// that issues collectives from rank-local events (the Reducer launches buckets when the
+// engine says "ready") takes its own communicator from duplicate(), so its order can never
+// interleave differently with other users' on different ranks.
 #pragma once
 
 #include <chrono>
@@ -31,17 +42,31 @@ const char* reduce_op_name(ReduceOp op);
 
 struct CommOptions {
   std::chrono::milliseconds timeout{0};  // 0: GRADSYNC_TIMEOUT_MS, else 300000
-  bool check_agreement = false;          // also on when GRADSYNC_DEBUG_COLLECTIVES=1
+  // How long ranks wait for each other to arrive at the rendezvous (a slow scheduler may start
+  // them minutes apart): 0: GRADSYNC_RENDEZVOUS_TIMEOUT_MS, else `timeout`. While waiting, a
+  // rank reports every 10 s (GRADSYNC_RENDEZVOUS_REPORT_MS) which ranks have not arrived.
+  std::chrono::milliseconds rendezvous_timeout{0};
+  bool check_agreement = false;  // also on when GRADSYNC_DEBUG_COLLECTIVES=1
+  bool verify = true;            // the cheap always-on check; off when GRADSYNC_VERIFY_COLLECTIVES=0
 };
 
 // The timeout an operation gets when none is given: CommOptions, the environment, the default.
 std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested);
+// The rendezvous timeout: `requested`, GRADSYNC_RENDEZVOUS_TIMEOUT_MS, else `operation_timeout`.
+std::chrono::milliseconds resolve_rendezvous_timeout(std::chrono::milliseconds requested,
+                                                     std::chrono::milliseconds operation_timeout);
+// A duration in milliseconds from the environment: absent gives `fallback`; anything but a plain
+// positive integer ("5s", "-1", "1e3", "") is an error naming the variable.
+std::chrono::milliseconds milliseconds_from_environment(const char* name, std::chrono::milliseconds fallback);
 
 class Work {
  public:
   virtual ~Work() = default;
   virtual bool is_completed() const = 0;
   // Waits for completion; rethrows the operation's error. timeout 0 means the communicator's.
+  // The deadline counts from when the operation was issued. When it passes, the communicator
+  // is broken and the operation cancelled; wait() returns (by throwing) only once nothing will
+  // touch the operation's buffers any more.
   virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) = 0;
   virtual const std::string& description() const = 0;  // "allreduce #12 (sum, f32 x 1000)"
 };
@@ -55,6 +80,13 @@ class Communicator {
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "gloo", "mpi", "nccl"
   virtual Device device_type() const = 0;   // Device::cpu() for MPI/Gloo, cuda:N for NCCL
+
+  // A new communicator over the same ranks with its own order of operations and its own
+  // progress (MPI_Comm_idup, a new Gloo context, ncclCommSplit). Collective: every rank calls
+  // it at the same point of this communicator's sequence. Used by every Reducer.
+  virtual std::unique_ptr<Communicator> duplicate() = 0;
+  // The first failure that broke this communicator, or empty while it is usable.
+  virtual std::string broken_reason() const = 0;
 
   // Collectives. Tensors must stay alive and untouched until the work completes.
   //  allreduce        in place; avg divides the sum by size() (floating dtypes only)

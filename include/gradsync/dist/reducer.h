@@ -19,6 +19,16 @@
 //      gradient defined. Then the next round starts.
 // The caller's thread keeps computing gradients while earlier buckets reduce: that is the
 // overlap, and it needs nothing but the communicator's async operations.
+//
+// The Reducer issues its collectives on its own duplicate of the communicator it is given
+// (Communicator::duplicate): the order of its launches follows this rank's ready signals, so
+// sharing a sequence with another Reducer or with anybody's collectives would let ranks pair
+// different buckets (silently wrong sums when the sizes agree). Constructing one is collective.
+//
+// Failure: the first exception in a launch (a hook, a broken communicator) or a wait breaks
+// the Reducer. It first waits for every bucket still in flight (none writes the arena after
+// the exception reaches the caller), then refuses every later ready/finish/wait with an error
+// that quotes the original failure. Build a new communicator and Reducer to go on.
 #pragma once
 
 #include <chrono>
@@ -112,6 +122,10 @@ class Reducer {
   // True once anything happened this round: a member ready, or a bucket launched.
   bool round_started() const;
   bool all_launched() const;
+  bool broken() const;
+  const std::string& broken_reason() const;  // empty while usable
+  // The communicator the buckets travel on (this Reducer's duplicate; hooks receive it too).
+  comm::Communicator& communicator() const;
 
   std::size_t bucket_count() const;
   const BucketInfo& bucket(std::size_t index) const;
