@@ -43,11 +43,11 @@ std::string broadcast_bytes(comm::Communicator& comm, const std::string& bytes, 
   return std::string(static_cast<const char*>(packed.data()), size);
 }
 
-void require_same_parameters(comm::Communicator& comm, const std::vector<const Parameter*>& parameters,
-                             const std::vector<std::string>& names, const std::string& who) {
+void require_same_lines(comm::Communicator& comm, const std::vector<std::string>& lines, const std::string& who,
+                        const std::string& what, const std::string& item) {
   if (comm.size() == 1) return;
   std::string mine;
-  for (std::size_t i = 0; i < parameters.size(); ++i) mine += describe(*parameters[i], names[i]) + "\n";
+  for (const std::string& line : lines) mine += line + "\n";
 
   // Everyone's description: lengths first, then the bytes (as i32 words).
   Tensor my_length = Tensor::zeros({1}, DType::i64);
@@ -72,15 +72,21 @@ void require_same_parameters(comm::Communicator& comm, const std::vector<const P
     const std::vector<std::string> their_lines = split_lines(theirs);
     std::size_t first = 0;
     while (first < my_lines.size() && first < their_lines.size() && my_lines[first] == their_lines[first]) ++first;
+    const auto absent = [&](std::size_t count) { return "absent (" + std::to_string(count) + " " + what + ")"; };
     std::ostringstream message;
-    message << who << ": the ranks do not hold the same parameters. Parameter #" << first << " is "
-            << (first < my_lines.size() ? my_lines[first] : "absent (" + std::to_string(my_lines.size()) + " parameters)")
-            << " on rank " << comm.rank() << " but "
-            << (first < their_lines.size() ? their_lines[first]
-                                           : "absent (" + std::to_string(their_lines.size()) + " parameters)")
-            << " on rank " << other;
+    message << who << ": the ranks do not hold the same " << what << ". " << item << " #" << first << " is "
+            << (first < my_lines.size() ? my_lines[first] : absent(my_lines.size())) << " on rank " << comm.rank()
+            << " but " << (first < their_lines.size() ? their_lines[first] : absent(their_lines.size())) << " on rank "
+            << other;
     throw Error(message.str());
   }
+}
+
+void require_same_parameters(comm::Communicator& comm, const std::vector<const Parameter*>& parameters,
+                             const std::vector<std::string>& names, const std::string& who) {
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < parameters.size(); ++i) lines.push_back(describe(*parameters[i], names[i]));
+  require_same_lines(comm, lines, who, "parameters", "Parameter");
 }
 
 }  // namespace gradsync::dist

@@ -12,6 +12,11 @@
 
 namespace gradsync::dist {
 
+// Collective: every rank's `lines` must be equal; otherwise throws on every rank, naming the
+// first differing line and both ranks' views ("the ranks do not hold the same <what>").
+void require_same_lines(comm::Communicator& comm, const std::vector<std::string>& lines, const std::string& who,
+                        const std::string& what, const std::string& item = "Line");
+
 // `names[i]` is how parameters[i] is called in messages (the registry name by default).
 // Collective; throws on every rank, naming the first differing parameter and both ranks' views.
 void require_same_parameters(comm::Communicator& comm, const std::vector<const Parameter*>& parameters,

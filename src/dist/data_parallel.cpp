@@ -35,8 +35,26 @@ struct DataParallel::Impl {
     DDPSyncStrategy current = DDPSyncStrategy::single_auto_sync;
     Clock::time_point start;
     std::array<double, 3> seconds{};
+    bool decision_due = false;  // the trial windows are over: decide when the next one opens
     std::optional<DDPSyncStrategy> chosen;
   } automatic;
+
+  // The end of an AUTO window, with or without an exception: local bookkeeping only, so that
+  // every rank counts the same windows whatever it threw and caught inside one.
+  void end_auto_window(bool final) {
+    AutoState& state = automatic;
+    if (!final) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
+    if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindowsPerCandidate)] += seconds;
+    state.active = false;
+    ++state.window;
+    if (state.window == 1 + kTrialWindowsPerCandidate * 3) state.decision_due = true;
+  }
+
+  // Every rank decides from the same summed times, at the same point (the opening of the first
+  // window after the trials, never inside an unwinding destructor): the same choice.
+  void decide_auto();
+  static constexpr int kTrialWindowsPerCandidate = 2;
 
   Impl(ParameterRegistry& registry_, comm::Communicator& comm_, DataParallelOptions options_)
       : registry(registry_), comm(comm_), options(options_) {}
@@ -122,9 +140,19 @@ struct DataParallel::Impl {
     for (std::size_t i = 0; i < count; ++i) words[i] = used_in_window[parameters[i]->index()] ? 1 : 0;
     if (!tolerate_missing && !missing.empty()) words[count + static_cast<std::size_t>(comm.rank())] = 1;
     comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
-    std::fill(used_in_window.begin(), used_in_window.end(), false);
-    reducer->wait();
+    try {
+      reducer->wait();
+    } catch (...) {
+      // The status allreduce still writes `status`: wait for it (bounded; it fails at once on
+      // a broken communicator) before the buffer can go away. The Reducer's error wins.
+      try {
+        status_work->wait();
+      } catch (...) {
+      }
+      throw;
+    }
     status_work->wait();
+    std::fill(used_in_window.begin(), used_in_window.end(), false);
     last_used_counts.assign(words, words + count);
 
     std::vector<int> missed_ranks;
@@ -227,13 +255,34 @@ DDPSyncStrategy default_sync_strategy(bool find_unused_parameters) {
 namespace {
 constexpr std::array<DDPSyncStrategy, 3> kCandidates{DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
                                                      DDPSyncStrategy::forced_sync};
-constexpr int kTrialWindows = 2;  // per candidate, after one warm-up window
+constexpr int kTrialWindows = 2;  // per candidate, after one warm-up window (Impl::kTrialWindowsPerCandidate)
 }  // namespace
+
+void DataParallel::Impl::decide_auto() {
+  AutoState& state = automatic;
+  state.decision_due = false;
+  Tensor times = Tensor::from_vector(std::vector<double>(state.seconds.begin(), state.seconds.end()), {3});
+  comm.allreduce_host(times, comm::ReduceOp::sum);
+  const std::vector<double> summed = times.to_double_vector();
+  std::size_t best = 0;
+  for (std::size_t k = 1; k < summed.size(); ++k) {
+    if (summed[k] < summed[best]) best = k;
+  }
+  state.chosen = kCandidates[best];
+  if (comm.rank() == 0) {
+    std::fprintf(stderr,
+                 "gradsync: DDPSyncStrategy auto chose %s (mean window ms over %d windows each, summed over ranks: "
+                 "single %.2f, multi %.2f, forced %.2f)\n",
+                 sync_strategy_name(*state.chosen), kTrialWindows, summed[0] * 1e3 / kTrialWindows,
+                 summed[1] * 1e3 / kTrialWindows, summed[2] * 1e3 / kTrialWindows);
+  }
+}
 
 DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy)
     : ddp_(ddp), final_(is_final_microbatch), strategy_(strategy), uncaught_(std::uncaught_exceptions()) {
   if (strategy_ == DDPSyncStrategy::auto_select) {
     auto& state = ddp_.impl_->automatic;
+    if (state.decision_due) ddp_.impl_->decide_auto();
     if (state.chosen) {
       strategy_ = *state.chosen;
     } else {
@@ -257,38 +306,22 @@ void DDPSyncContext::close() {
   closed_ = true;
   no_sync_.reset();
   if (!final_) return;
-  if (strategy_ == DDPSyncStrategy::forced_sync) ddp_.synchronize_all();
-  if (!auto_window_) return;
-  auto& state = ddp_.impl_->automatic;
-  const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
-  if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindows)] += seconds;
-  state.active = false;
-  ++state.window;
-  if (state.window == 1 + kTrialWindows * static_cast<int>(kCandidates.size())) {
-    // Every rank decides from the same summed times, at the same window: the same choice.
-    comm::Communicator& comm = ddp_.communicator();
-    Tensor times = Tensor::from_vector(std::vector<double>(state.seconds.begin(), state.seconds.end()), {3});
-    comm.allreduce_host(times, comm::ReduceOp::sum);
-    const std::vector<double> summed = times.to_double_vector();
-    std::size_t best = 0;
-    for (std::size_t k = 1; k < summed.size(); ++k) {
-      if (summed[k] < summed[best]) best = k;
-    }
-    state.chosen = kCandidates[best];
-    if (comm.rank() == 0) {
-      std::fprintf(stderr,
-                   "gradsync: DDPSyncStrategy auto chose %s (mean window ms over %d windows each, summed over ranks: "
-                   "single %.2f, multi %.2f, forced %.2f)\n",
-                   sync_strategy_name(*state.chosen), kTrialWindows, summed[0] * 1e3 / kTrialWindows,
-                   summed[1] * 1e3 / kTrialWindows, summed[2] * 1e3 / kTrialWindows);
+  if (strategy_ == DDPSyncStrategy::forced_sync) {
+    try {
+      ddp_.synchronize_all();
+    } catch (...) {
+      if (auto_window_) ddp_.impl_->end_auto_window(/*final=*/true);
+      throw;
     }
   }
+  if (auto_window_) ddp_.impl_->end_auto_window(/*final=*/true);
 }
 
 DDPSyncContext::~DDPSyncContext() noexcept(false) {
   if (std::uncaught_exceptions() > uncaught_) {
-    closed_ = true;  // unwinding: restore no_sync, communicate nothing
+    closed_ = true;  // unwinding: restore no_sync, communicate nothing, but count the window
     no_sync_.reset();
+    if (auto_window_) ddp_.impl_->end_auto_window(final_);
     return;
   }
   close();

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <unistd.h>
 
@@ -89,6 +90,8 @@ struct DistributedOptimizer::Impl {
   bool synchronized = false;
   bool should_synchronize = true;
   bool warned = false;
+  int next_passes = 0;  // set_backward_passes_per_step mid-window: applies from the next window
+  std::string broken;   // the failure that ended distributed steps; local calls stay allowed
 
   Impl(optim::Optimizer& optimizer_, comm::Communicator& comm_, DistributedOptimizerOptions options_)
       : optimizer(optimizer_), comm(comm_), options(std::move(options_)) {}
@@ -128,6 +131,14 @@ struct DistributedOptimizer::Impl {
     std::vector<std::string> names;
     for (const Parameter* parameter : parameters) names.push_back(name_of[parameter]);
     require_same_parameters(comm, all, names, "DistributedOptimizer");
+    require_same_optimizer(optimizer, comm, "DistributedOptimizer");
+    std::vector<std::string> settings{
+        std::string("op ") + op_name(options.op), std::string("compression ") + compression_name(options.compression),
+        "backward_passes_per_step " + std::to_string(options.backward_passes_per_step),
+        "gradient_predivide_factor " + std::to_string(options.gradient_predivide_factor),
+        "fusion_threshold_bytes " + std::to_string(options.fusion_threshold_bytes),
+        std::string("sparse_as_dense ") + (options.sparse_as_dense ? "true" : "false")};
+    require_same_lines(comm, settings, "DistributedOptimizer", "options");
 
     adasum = options.op == Op::adasum;
     if (adasum) {
@@ -252,11 +263,32 @@ struct DistributedOptimizer::Impl {
     if (remaining == 0 && !adasum && reducer && reducer->contains(parameter)) reducer->ready(parameter);
   }
 
-  bool pending() const { return !seen.empty() || (reducer && reducer->round_started()); }
+  bool pending() const { return !seen.empty() || (reducer && !reducer->broken() && reducer->round_started()); }
 
   void reset_counters() {
+    if (next_passes > 0) options.backward_passes_per_step = std::exchange(next_passes, 0);
     for (auto& [parameter, remaining] : delay) remaining = options.backward_passes_per_step;
     seen.clear();
+  }
+
+  void require_usable(const char* what) const {
+    GRADSYNC_CHECK(broken.empty(), "DistributedOptimizer::", what, ": an earlier failure ended distributed steps ",
+                   "(zero_grad and load_state still work; reconnect to go on). The failure was: ", broken);
+  }
+
+  // Runs one distributed action; a failure leaves nothing pending (the Reducer has waited for
+  // its buckets, the counters start a new window, sparse rows are dropped) and is remembered.
+  template <typename Action>
+  void guarded(const char* what, Action&& action) {
+    require_usable(what);
+    try {
+      action();
+    } catch (const std::exception& error) {
+      broken = error.what();
+      reset_counters();
+      sparse_rows.clear();
+      throw;
+    }
   }
 
   // Sparse parameters: every rank takes part, in registry order, with whatever rows it has
@@ -329,6 +361,10 @@ struct DistributedOptimizer::Impl {
   }
 
   void synchronize() {
+    guarded("synchronize", [&] { synchronize_unguarded(); });
+  }
+
+  void synchronize_unguarded() {
     if (!distributed || adasum) {
       if (!distributed) densify_local_sparse();
       synchronized = true;
@@ -381,7 +417,8 @@ void DistributedOptimizer::step() {
     impl_->optimizer.step();
     return;
   }
-  if (impl_->adasum) return impl_->adasum_step();
+  if (impl_->adasum) return impl_->guarded("step", [&] { impl_->adasum_step(); });
+  impl_->require_usable("step");
   if (impl_->should_synchronize) {
     if (impl_->synchronized && !impl_->warned) {
       impl_->warned = true;
@@ -413,11 +450,19 @@ DistributedOptimizer::SkipSynchronize::~SkipSynchronize() { optimizer_.impl_->sh
 
 void DistributedOptimizer::set_backward_passes_per_step(int passes) {
   GRADSYNC_CHECK(passes > 0, "backward_passes_per_step must be > 0");
+  if (impl_->pending()) {
+    // Mid-window some gradients may already be with the Reducer: resetting their counters
+    // would hand them over twice. The new count starts with the next window.
+    impl_->next_passes = passes;
+    return;
+  }
   impl_->options.backward_passes_per_step = passes;
   for (auto& [parameter, remaining] : impl_->delay) remaining = passes;
 }
 
-int DistributedOptimizer::backward_passes_per_step() const { return impl_->options.backward_passes_per_step; }
+int DistributedOptimizer::backward_passes_per_step() const {
+  return impl_->next_passes > 0 ? impl_->next_passes : impl_->options.backward_passes_per_step;
+}
 
 void DistributedOptimizer::set_sparse_grad(Parameter& parameter, const Tensor& indices, const Tensor& rows) {
   GRADSYNC_CHECK(impl_->name_of.count(&parameter), "set_sparse_grad: '", parameter.name(),
@@ -478,6 +523,20 @@ std::vector<std::vector<std::string>> DistributedOptimizer::group_names() const 
     for (const Parameter* member : group) names.back().push_back(impl_->name_of.at(member));
   }
   return names;
+}
+
+void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicator& comm, const std::string& who) {
+  // The kind, then every group's members and hyperparameters, one line each.
+  std::vector<std::string> lines{std::string("optimizer ") + optimizer.name() + " with " +
+                                 std::to_string(optimizer.group_count()) + " group(s)"};
+  for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
+    std::ostringstream line;
+    line << "group " << g << " (" << optimizer.group_parameters(g).size() << " parameters):";
+    line.precision(17);
+    for (const auto& [name, value] : optimizer.hyperparameters(g)) line << " " << name << "=" << value;
+    lines.push_back(line.str());
+  }
+  require_same_lines(comm, lines, who, "optimizer configuration");
 }
 
 void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root) {

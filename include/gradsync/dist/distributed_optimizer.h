@@ -89,6 +89,8 @@ class DistributedOptimizer {
   };
   [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
 
+  // Between windows it applies at once; in the middle of an accumulation window (gradients
+  // already counted) it applies from the next window, so no gradient is handed over twice.
   void set_backward_passes_per_step(int passes);
   int backward_passes_per_step() const;
 
@@ -110,6 +112,17 @@ class DistributedOptimizer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Failure: when a synchronize() or step() fails (a timeout, a lost peer, a Reducer error),
+// nothing stays pending: the Reducer has waited for its buckets, the accumulation window
+// restarts and sparse rows are dropped, so zero_grad() and load_state() work; step() and
+// synchronize() refuse from then on, quoting the original failure.
+
+// Collective: every rank's optimizer has the same kind, groups and hyperparameters;
+// otherwise an error on every rank naming the first difference and both ranks' views. The
+// DistributedOptimizer checks this at construction; with DataParallel, call it yourself.
+void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicator& comm,
+                            const std::string& who = "require_same_optimizer");
 
 // After these, every rank holds root's parameter values, and root's optimizer state
 // (buffers, step counts, hyperparameters).
