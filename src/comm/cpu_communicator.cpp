@@ -150,7 +150,9 @@ class Engine final : public std::enable_shared_from_this<Engine> {
 
   // A wait expired (called by the Work): break the communicator so that nothing later runs out
   // of step, and make sure the operation no longer touches its buffers: a queued one is
-  // dropped, a running one is aborted and waited for (bounded by the backend's own timeout).
+  // dropped, a running one is aborted and waited for (bounded by the backend's own timeout:
+  // Gloo's own collectives cannot be interrupted). An operation running ahead of a queued one
+  // is aborted too: the communicator is broken, it has no future.
   void expire(const std::shared_ptr<CpuWork>& work, const std::string& message, Clock::time_point issued) {
     bool queued = false;
     {
@@ -163,7 +165,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
           break;
         }
       }
-      if (!queued && running_ == work.get()) backend_->abort();
+      // Broken now: whatever runs gives up too, this operation or one ahead of it.
+      if (running_ != nullptr) backend_->abort();
     }
     if (queued) {
       work->complete(std::make_exception_ptr(Error(message)));

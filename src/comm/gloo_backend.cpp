@@ -5,12 +5,14 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -136,12 +138,12 @@ class GlooBackend final : public Backend {
       const auto recv_chunk = static_cast<std::size_t>(wrap(rank() - step - 2));
       arriving->recv(left, slot + static_cast<std::uint64_t>(step));
       whole->send(right, slot + static_cast<std::uint64_t>(step), send_chunk * chunk, chunk);
-      GRADSYNC_CHECK(arriving->waitRecv(timeout_), "gloo reduce_scatter: step ", step, " receive from rank ", left,
-                     " did not complete within ", timeout_.count(), " ms");
+      await(*arriving, /*receive=*/true, "gloo reduce_scatter: step " + std::to_string(step) + " receive from rank " +
+                                             std::to_string(left));
       std::byte* target = partial.data() + recv_chunk * chunk;
       reduce(target, target, incoming.data(), static_cast<std::size_t>(count));
-      GRADSYNC_CHECK(whole->waitSend(timeout_), "gloo reduce_scatter: step ", step, " send to rank ", right,
-                     " did not complete within ", timeout_.count(), " ms");
+      await(*whole, /*receive=*/false, "gloo reduce_scatter: step " + std::to_string(step) + " send to rank " +
+                                        std::to_string(right));
     }
     std::memcpy(output, partial.data() + static_cast<std::size_t>(rank()) * chunk, chunk);
   }
@@ -156,15 +158,13 @@ class GlooBackend final : public Backend {
   void send(const void* data, std::size_t nbytes, int peer, int tag) override {
     auto buffer = context_->createUnboundBuffer(const_cast<void*>(data), nbytes);
     buffer->send(peer, kP2PSlotBase + static_cast<std::uint64_t>(tag));
-    GRADSYNC_CHECK(buffer->waitSend(timeout_), "gloo send to rank ", peer, " did not complete within ",
-                   timeout_.count(), " ms");
+    await(*buffer, /*receive=*/false, "gloo send to rank " + std::to_string(peer));
   }
 
   void recv(void* data, std::size_t nbytes, int peer, int tag) override {
     auto buffer = context_->createUnboundBuffer(data, nbytes);
     buffer->recv(peer, kP2PSlotBase + static_cast<std::uint64_t>(tag));
-    GRADSYNC_CHECK(buffer->waitRecv(timeout_), "gloo recv from rank ", peer, " did not complete within ",
-                   timeout_.count(), " ms");
+    await(*buffer, /*receive=*/true, "gloo recv from rank " + std::to_string(peer));
   }
 
   // A new context over the same store under a fresh prefix: every rank duplicates in the same
@@ -178,8 +178,19 @@ class GlooBackend final : public Backend {
     return child;
   }
 
-  // Closing the connections makes every wait in flight on this context fail at once.
-  void abort() override { context_->closeConnections(); }
+  // Our own point-to-point waits (send, recv, the reduce-scatter ring) are woken at once. Gloo's own algorithms (allreduce, broadcast, allgather) cannot be interrupted
+  // from outside (closing the context's connections does not wake their waits): they end by
+  // their timeout, and the communicator waits for that before anyone may reuse the buffers.
+  void abort() override {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    aborted_ = true;
+    if (waiting_ == nullptr) return;
+    if (waiting_receive_) {
+      waiting_->abortWaitRecv();
+    } else {
+      waiting_->abortWaitSend();
+    }
+  }
 
   // Gloo names a vanished peer by its address ("[127.0.0.1]:40123"): add its rank.
   std::string explain(const std::string& message) const override {
@@ -211,6 +222,31 @@ class GlooBackend final : public Backend {
 
   std::uint32_t next_tag() { return tag_++; }
 
+  // Waits for one side of a point-to-point buffer, bounded by the timeout. The buffer is
+  // published for abort(), which wakes the wait from another thread (Gloo's abortWait*; a
+  // wait with a shorter timeout would not do: an expired wait closes the connection).
+  void await(gloo::transport::UnboundBuffer& buffer, bool receive, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (aborted_) detail::throw_error(what, " was aborted: the communicator broke");
+      waiting_ = &buffer;
+      waiting_receive_ = receive;
+    }
+    bool done = false;
+    try {
+      done = receive ? buffer.waitRecv(timeout_) : buffer.waitSend(timeout_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      waiting_ = nullptr;
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    waiting_ = nullptr;
+    if (done) return;
+    if (aborted_) detail::throw_error(what, " was aborted: the communicator broke while it was in flight");
+    detail::throw_error(what, " did not complete within ", timeout_.count(), " ms");
+  }
+
   // Every rank publishes the address of its end of each pair; rank j's end of the pair with
   // this rank is the address this rank's Gloo errors name for rank j.
   void learn_peer_addresses() {
@@ -235,6 +271,10 @@ class GlooBackend final : public Backend {
   Rendezvous rendezvous_;
   std::string prefix_;
   int duplicates_ = 0;
+  std::mutex abort_mutex_;  // guards aborted_ and the buffer being waited for
+  bool aborted_ = false;
+  gloo::transport::UnboundBuffer* waiting_ = nullptr;
+  bool waiting_receive_ = false;
   std::vector<std::string> peer_addresses_;  // by rank: how Gloo's messages name that peer
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
@@ -255,8 +295,8 @@ std::shared_ptr<gloo::transport::Device> loopback_device() {
 // until the rendezvous timeout; the timeout's error names them too.
 class ReportingStore final : public gloo::rendezvous::Store {
  public:
-  ReportingStore(gloo::rendezvous::Store& inner, std::string where, int rank)
-      : inner_(inner), where_(std::move(where)), rank_(rank),
+  ReportingStore(gloo::rendezvous::Store& inner, std::string where, int rank, int size)
+      : inner_(inner), where_(std::move(where)), rank_(rank), size_(size),
         report_every_(milliseconds_from_environment("GRADSYNC_RENDEZVOUS_REPORT_MS", std::chrono::milliseconds(10000))) {}
 
   void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
@@ -295,34 +335,40 @@ class ReportingStore final : public gloo::rendezvous::Store {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
-  // Gloo's full mesh waits for the key "rank_N" of every other rank N (under a prefix).
+  // Gloo's full mesh publishes every rank's addresses under its rank number ("3") and waits
+  // for the others' one by one: report every rank whose key is not there yet, not only the one
+  // waited for now.
+  bool present(const std::string& key) {
+    try {
+      inner_.wait({key}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   std::string missing(const std::vector<std::string>& keys) {
-    std::string ranks;
-    std::string others;
+    bool rank_keys = true;
     for (const std::string& key : keys) {
-      bool present = false;
-      try {
-        inner_.wait({key}, std::chrono::milliseconds(1));
-        present = true;
-      } catch (const std::exception&) {
-      }
-      if (present) continue;
-      const auto at = key.rfind("rank_");
-      if (at != std::string::npos && key.find_first_not_of("0123456789", at + 5) == std::string::npos) {
-        ranks += (ranks.empty() ? "" : ", ") + key.substr(at + 5);
-      } else {
-        others += (others.empty() ? "" : ", ") + ("'" + key + "'");
-      }
+      rank_keys = rank_keys && !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
     }
     std::string text;
-    if (!ranks.empty()) text = "rank(s) " + ranks + " (not arrived yet)";
-    if (!others.empty()) text += (text.empty() ? "key(s) " : "; key(s) ") + others;
-    return text.empty() ? "peers that were slow to publish" : text;
+    if (rank_keys) {
+      for (int other = 0; other < size_; ++other) {
+        if (other != rank_ && !present(std::to_string(other))) text += (text.empty() ? "" : ", ") + std::to_string(other);
+      }
+      return text.empty() ? "peers that were slow to publish" : "rank(s) " + text + " (not arrived yet)";
+    }
+    for (const std::string& key : keys) {
+      if (!present(key)) text += (text.empty() ? "'" : ", '") + key + "'";
+    }
+    return "key(s) " + text;
   }
 
   gloo::rendezvous::Store& inner_;
   std::string where_;
   int rank_;
+  int size_;
   std::chrono::milliseconds report_every_;
   std::chrono::milliseconds timeout_{300000};
 };
@@ -330,7 +376,7 @@ class ReportingStore final : public gloo::rendezvous::Store {
 std::shared_ptr<gloo::Context> connect(gloo::rendezvous::Store& raw_store, const std::string& where, int rank, int size,
                                        std::chrono::milliseconds timeout,
                                        std::shared_ptr<gloo::transport::Device> device) {
-  ReportingStore store(raw_store, where, rank);
+  ReportingStore store(raw_store, where, rank, size);
   store.set_timeout(timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -247,6 +249,71 @@ inline void data_parallel_missing_gradient(comm::Communicator& comm) {
     EXPECT_GRADSYNC_ERROR(ddp.end_backward(), "Parameters which did not receive grad for rank " + std::to_string(missing_rank) + ": b");
   } else {
     EXPECT_GRADSYNC_ERROR(ddp.end_backward(), "rank " + std::to_string(missing_rank) + " did not produce a gradient");
+  }
+}
+
+// Issue 11, item 1: several Reducers (and the user's own collectives) on one communicator,
+// each rank signalling readiness in its own random order. Every bucket has the same size, so
+// pairing the wrong buckets across ranks would go unnoticed by any size check: only the values
+// tell. Each Reducer reduces on its own duplicate, so every value must be the exact sum.
+inline void random_ready_orders_across_reducers(comm::Communicator& comm, int reducers, int trials) {
+  constexpr int kPerReducer = 3;       // parameters per Reducer, one bucket each
+  constexpr std::int64_t kNumel = 16;  // 64-byte buckets everywhere
+  ParameterRegistry registry;
+  std::vector<std::vector<Parameter*>> owned(static_cast<std::size_t>(reducers));
+  for (int r = 0; r < reducers; ++r) {
+    for (int p = 0; p < kPerReducer; ++p) {
+      owned[static_cast<std::size_t>(r)].push_back(
+          &registry.add("r" + std::to_string(r) + ".p" + std::to_string(p), {kNumel}));
+    }
+  }
+  registry.finalize();
+  std::vector<std::unique_ptr<dist::Reducer>> reducer;
+  for (int r = 0; r < reducers; ++r) {
+    reducer.push_back(std::make_unique<dist::Reducer>(registry, comm, owned[static_cast<std::size_t>(r)],
+                                                      std::vector<std::vector<Parameter*>>{},
+                                                      dist::ReducerOptions{.bucket_limits = {kNumel * 4}}));
+    ASSERT_EQ(reducer.back()->bucket_count(), static_cast<std::size_t>(kPerReducer));
+  }
+  // Distinct small integers per (trial, reducer, parameter, rank): sums are exact in f32.
+  const auto value = [](int trial, int r, int p, int rank) { return float((trial % 7) * 1000 + r * 100 + p * 10 + rank); };
+  const int n = comm.size();
+  std::mt19937 order_rng(977u + static_cast<unsigned>(comm.rank()) * 7919u);  // a different order on every rank
+  for (int trial = 0; trial < trials; ++trial) {
+    std::vector<std::pair<int, int>> order;
+    for (int r = 0; r < reducers; ++r) {
+      for (int p = 0; p < kPerReducer; ++p) {
+        owned[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]->set_grad(
+            Tensor::from_vector(std::vector<float>(kNumel, value(trial, r, p, comm.rank())), {kNumel}));
+        order.emplace_back(r, p);
+      }
+    }
+    std::shuffle(order.begin(), order.end(), order_rng);
+    // A user collective on the shared communicator at a rank-dependent point of the order.
+    const std::size_t user_at = order_rng() % (order.size() + 1);
+    Tensor user = Tensor::from_vector(std::vector<double>{1.0 + comm.rank()}, {1});
+    for (std::size_t k = 0; k <= order.size(); ++k) {
+      if (k == user_at) comm.allreduce(user, comm::ReduceOp::sum);
+      if (k == order.size()) break;
+      const auto [r, p] = order[k];
+      reducer[static_cast<std::size_t>(r)]->ready(*owned[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]);
+    }
+    std::vector<int> finish_order(static_cast<std::size_t>(reducers));
+    for (int r = 0; r < reducers; ++r) finish_order[static_cast<std::size_t>(r)] = r;
+    std::shuffle(finish_order.begin(), finish_order.end(), order_rng);
+    for (const int r : finish_order) reducer[static_cast<std::size_t>(r)]->synchronize();
+    ASSERT_EQ(user.to_double_vector()[0], n * (n + 1) / 2.0) << "trial " << trial;
+    for (int r = 0; r < reducers; ++r) {
+      for (int p = 0; p < kPerReducer; ++p) {
+        float expected = 0;
+        for (int rank = 0; rank < n; ++rank) expected += value(trial, r, p, rank);
+        const std::vector<double> got = owned[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]->grad().to_double_vector();
+        for (const double element : got) {
+          ASSERT_EQ(element, expected) << "trial " << trial << ", reducer " << r << ", parameter " << p << ", rank "
+                                       << comm.rank();
+        }
+      }
+    }
   }
 }
 
