@@ -3,17 +3,24 @@
 //   connect_world BACKEND peer-dies    the last rank leaves right after connecting; the others
 //                                      must get an error naming the operation, well within
 //                                      the timeout, instead of hanging
+//   connect_world BACKEND mismatch     rank 0 reduces 100 elements, the others 50: every rank
+//                                      must end with our "collective mismatch" error (exit 0)
+//   connect_world BACKEND stopped-peer the last rank stops itself (SIGSTOP); the others time out
+//                                      (GRADSYNC_TIMEOUT_MS) and the job must still end
 //   scripts/launch.sh 3 build/tests/connect_world gloo
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include "gradsync/comm/connect.h"
 
 int main(int argc, char** argv) {
   using namespace gradsync;
-  const bool peer_dies = argc > 2 && std::string(argv[2]) == "peer-dies";
+  const std::string mode = argc > 2 ? argv[2] : "";
+  const bool peer_dies = mode == "peer-dies";
   try {
     auto comm = comm::connect(argc > 1 ? argv[1] : "auto");
     const int n = comm->size();
@@ -30,6 +37,29 @@ int main(int argc, char** argv) {
         std::printf("rank %d got, after %.2f s: %s\n", comm->rank(), seconds, error.what());
         return std::string(error.what()).find("allreduce #") != std::string::npos ? 0 : 1;
       }
+    }
+    if (mode == "mismatch") {
+      try {
+        Tensor t = Tensor::from_vector(std::vector<double>(comm->rank() == 0 ? 100 : 50, 1.0), {comm->rank() == 0 ? 100 : 50});
+        comm->allreduce(t, comm::ReduceOp::sum);
+        std::fprintf(stderr, "rank %d: the mismatched allreduce completed\n", comm->rank());
+        return 1;
+      } catch (const Error& error) {
+        std::printf("rank %d got: %s\n", comm->rank(), error.what());
+        return std::string(error.what()).find("collective mismatch") != std::string::npos ? 0 : 1;
+      }
+    }
+    if (mode == "stopped-peer") {
+      if (comm->rank() == n - 1) std::raise(SIGSTOP);  // stuck: alive, silent
+      Tensor t = Tensor::from_vector(std::vector<double>{1.0}, {1});
+      try {
+        comm->allreduce(t, comm::ReduceOp::sum);
+      } catch (const Error& error) {
+        std::printf("rank %d got: %s\n", comm->rank(), error.what());
+        std::fflush(stdout);
+        return 0;  // the process must still be able to end
+      }
+      return 1;
     }
     Tensor sum = Tensor::from_vector(std::vector<double>{comm->rank() + 1.0}, {1});
     comm->allreduce(sum, comm::ReduceOp::sum);

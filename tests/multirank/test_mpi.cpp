@@ -46,7 +46,19 @@ TEST(Mpi, ZZDebugModeReportsAMismatch) {
                         "allreduce #0 (sum), f32 x 6");
 }
 
+// Without debug mode too: the always-on fingerprint check turns what would be MPI_ERR_TRUNCATE
+// (a job abort) into our error on every rank.
+TEST(Mpi, ZZDefaultPathReportsAMismatch) {
+  auto comm = comm::mpi_world({.timeout = std::chrono::milliseconds(20000)});
+  if (comm->size() < 2) GTEST_SKIP() << "skipped: needs two ranks";
+  Tensor t = Tensor::zeros({comm->rank() == 0 ? 5 : 6}, DType::f32);
+  EXPECT_GRADSYNC_ERROR(comm->allreduce(t, comm::ReduceOp::sum), "collective mismatch", "allreduce #0 (sum), f32 x 5",
+                        "allreduce #0 (sum), f32 x 6");
+}
+
 }  // namespace
+// Issue 11, item 1: Reducers sharing one MPI communicator, random per-rank ready orders.
+TEST(MpiDist, RandomReadyOrdersAcrossReducers) { testing::random_ready_orders_across_reducers(world(), 3, 100); }
 // The dist layer's main scenarios, on processes (reference/horovod.md items 19, 39-42, and
 // the N-ranks-equal-one-process equivalence).
 TEST(MpiDist, EquivalenceWithSingleProcessTraining) { testing::equivalence_with_single_process(world()); }
