@@ -1,6 +1,7 @@
 #include "gradsync/io/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,12 +25,59 @@ namespace fs = std::filesystem;
 
 std::string errno_text() { return std::strerror(errno); }
 
+// The header is untrusted input. What the reference implementation rejects, we reject, before
+// parsing: a UTF-8 byte order mark, NUL bytes, and nesting deeper than any header needs (a
+// deeply nested value is also what would make a recursive printer overflow the stack).
+constexpr int kMaxHeaderNesting = 64;
+void check_header_text(const std::string& text, const std::string& where) {
+  GRADSYNC_CHECK(text.compare(0, 3, "\xEF\xBB\xBF") != 0, where, ": the header starts with a UTF-8 byte order mark");
+  const auto nul = text.find('\0');
+  GRADSYNC_CHECK(nul == std::string::npos, where, ": the header holds a NUL byte at offset ", nul);
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') {
+      ++depth;
+      GRADSYNC_CHECK(depth <= kMaxHeaderNesting, where, ": the header nests deeper than ", kMaxHeaderNesting,
+                     " levels (at byte ", i, ")");
+    }
+    if (c == ']' || c == '}') --depth;
+  }
+}
+
+// A short, non-recursive rendering of a header value for messages: scalars as they are, an
+// array of scalars up to 8 of them, anything deeper only by its kind.
+std::string brief(const json& value) {
+  if (!value.is_array()) return value.is_structured() ? "an object" : value.dump();
+  std::string text = "[";
+  std::size_t shown = 0;
+  for (const json& element : value) {
+    if (shown == 8) {
+      text += ", ...";
+      break;
+    }
+    text += (shown++ ? ", " : "") + (element.is_structured() ? std::string(element.is_array() ? "[...]" : "{...}") : element.dump());
+  }
+  return text + "]";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Atomic writing: everything goes to a temporary file beside the target; only a complete,
 // flushed file is renamed over it. Any failure removes the temporary and throws.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(const fs::path& target) : target_(target) {
+    remove_stale_temporaries();
     static std::atomic<unsigned> counter{0};
     temporary_ = target_;
     temporary_ += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -45,6 +93,31 @@ class AtomicFileWriter {
 
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // A writer killed mid-save (SIGKILL, power loss) leaves TARGET.tmp-PID-N behind. Before a
+  // new save of the same target, remove those of our own naming whose process is gone; a
+  // live process's temporary (a concurrent save) is left alone.
+  void remove_stale_temporaries() const {
+    const std::string prefix = target_.filename().string() + ".tmp-";
+    const fs::path folder = target_.has_parent_path() ? target_.parent_path() : fs::path(".");
+    std::error_code error;
+    for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      // The rest must be PID-N, digits only.
+      const std::string rest = name.substr(prefix.size());
+      const auto dash = rest.find('-');
+      const bool ours = dash != std::string::npos && dash > 0 && dash + 1 < rest.size() &&
+                        rest.find_first_not_of("0123456789-") == std::string::npos && rest.find('-', dash + 1) == std::string::npos;
+      if (!ours || dash > 9) continue;
+      const auto pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+      // Not ours (another thread may be writing it), and its process no longer exists.
+      if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        std::error_code ignored;
+        fs::remove(it->path(), ignored);
+      }
+    }
+  }
 
   void write(const void* data, std::size_t nbytes) {
     const char* bytes = static_cast<const char*>(data);
@@ -187,6 +260,7 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
 
   std::string header_text(header_length, '\0');
   read_at(file.get(), path_, 8, header_text.data(), header_text.size());
+  check_header_text(header_text, where);
   json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
   GRADSYNC_CHECK(!header.is_discarded(), where, ": the header is not valid JSON");
   GRADSYNC_CHECK(header.is_object(), where, ": the header is JSON but not an object");
@@ -221,16 +295,16 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
     GRADSYNC_CHECK(shape.is_array(), tensor, ": shape is not an array");
     for (const json& extent : shape) {
       GRADSYNC_CHECK(extent.is_number_unsigned() || (extent.is_number_integer() && extent.get<std::int64_t>() >= 0),
-                     tensor, ": shape ", shape.dump(), " has an entry that is not a non-negative integer");
+                     tensor, ": shape ", brief(shape), " has an entry that is not a non-negative integer");
       GRADSYNC_CHECK(extent.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                     tensor, ": shape ", shape.dump(), " has an entry too large");
+                     tensor, ": shape ", brief(shape), " has an entry too large");
       info.shape.push_back(extent.get<std::int64_t>());
     }
 
     const json& offsets = entry["data_offsets"];
     GRADSYNC_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                        offsets[1].is_number_unsigned(),
-                   tensor, ": data_offsets must be two non-negative integers, got ", offsets.dump());
+                   tensor, ": data_offsets must be two non-negative integers, got ", brief(offsets));
     const std::uint64_t begin = offsets[0].get<std::uint64_t>();
     const std::uint64_t end = offsets[1].get<std::uint64_t>();
     GRADSYNC_CHECK(begin <= end, tensor, ": data_offsets [", begin, ", ", end, "] are reversed");
@@ -241,7 +315,7 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
     try {
       numel = shape_numel(info.shape);
     } catch (const Error&) {
-      detail::throw_error(tensor, ": shape ", shape.dump(), " has more elements than fit in 64 bits");
+      detail::throw_error(tensor, ": shape ", brief(shape), " has more elements than fit in 64 bits");
     }
     const std::uint64_t element_size = dtype_size(info.dtype);
     GRADSYNC_CHECK(static_cast<std::uint64_t>(numel) <= std::numeric_limits<std::uint64_t>::max() / element_size &&
@@ -268,13 +342,14 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
   }
   GRADSYNC_CHECK(expected_begin == data_size, where, ": the last ", data_size - expected_begin,
                  " bytes of data belong to no tensor (the file may be truncated or padded)");
+  // By name, for find(): restoring a registry of n tensors is then O(n), not O(n^2).
+  index_.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
 const TensorInfo* SafetensorsReader::find(std::string_view name) const {
-  for (const TensorInfo& info : tensors_) {
-    if (info.name == name) return &info;
-  }
-  return nullptr;
+  const auto found = index_.find(std::string(name));
+  return found == index_.end() ? nullptr : &tensors_[found->second];
 }
 
 Tensor SafetensorsReader::read(std::string_view name) const {

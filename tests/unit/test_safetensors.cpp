@@ -142,6 +142,17 @@ TEST(Safetensors, CorruptFilesAreRejectedWithClearErrors) {
       {"trailing bytes", make_file("{" + good_entry + "}", 12), "belong to no tensor"},
       {"metadata not strings", make_file(R"({"__metadata__":{"a":1}})", 0), "__metadata__"},
       {"entry not an object", make_file(R"({"t":7})", 0), "must be an object"},
+      // Issue 11, item 9: what the reference implementation rejects, and what used to crash.
+      {"a byte order mark", make_file("\xEF\xBB\xBF{" + good_entry + "}", 8), "byte order mark"},
+      {"a NUL inside the header", make_file("{" + good_entry + "}" + std::string(1, '\0') + "junk", 8), "NUL byte"},
+      {"deeply nested shape",
+       make_file(R"({"t":{"dtype":"F32","shape":)" + std::string(100000, '[') + std::string(100000, ']') +
+                     R"(,"data_offsets":[0,8]}})",
+                 8),
+       "nests deeper than 64"},
+      {"moderately nested data_offsets (no recursive printing)",
+       make_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":)" + std::string(60, '[') + std::string(60, ']') + "}}", 8),
+       "data_offsets must be two non-negative integers, got [[...]]"},
   };
   TempDir folder;
   for (const CorruptCase& corrupt : cases) {
@@ -227,6 +238,42 @@ TEST(Safetensors, FailedSaveKeepsThePreviousFileIntact) {
   EXPECT_EQ(read_bytes(path), previous) << "the previous checkpoint must be byte-for-byte intact";
   EXPECT_EQ(io::SafetensorsReader(path).metadata().at("version"), "1");
   EXPECT_EQ(leftover_files(folder.path()), 1u) << "no temporary file may be left behind";
+}
+
+TEST(Safetensors, ASaveRemovesTemporariesThatAKilledSaveLeftBehind) {
+  TempDir folder;
+  const fs::path path = folder / "checkpoint.safetensors";
+  // A process that no longer exists: a child that has exited and been reaped.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  const fs::path stale = folder / ("checkpoint.safetensors.tmp-" + std::to_string(child) + "-3");
+  const fs::path live = folder / ("checkpoint.safetensors.tmp-" + std::to_string(::getppid()) + "-0");  // a running save elsewhere
+  const fs::path other = folder / ("other.safetensors.tmp-" + std::to_string(child) + "-0");           // another target's
+  for (const fs::path& leftover : {stale, live, other}) write_bytes(leftover, "partial");
+  io::save_safetensors(path, {{"w", Tensor::zeros({2}, DType::f32)}});
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(path));
+}
+
+TEST(Safetensors, FindsEveryTensorOfALargeFileByName) {
+  TempDir folder;
+  std::vector<io::NamedTensor> many;
+  for (int i = 0; i < 20000; ++i) {
+    many.push_back({"t" + std::to_string(i), Tensor::from_vector(std::vector<float>{float(i)}, {1})});
+  }
+  io::save_safetensors(folder / "many.safetensors", many);
+  const io::SafetensorsReader reader(folder / "many.safetensors");
+  for (int i = 0; i < 20000; i += 997) {
+    const io::TensorInfo* info = reader.find("t" + std::to_string(i));
+    ASSERT_NE(info, nullptr);
+    EXPECT_EQ(info->name, "t" + std::to_string(i));
+    EXPECT_EQ(reader.read(info->name).to_double_vector()[0], i);
+  }
+  EXPECT_EQ(reader.find("t20000"), nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <string_view>
 #include <vector>
 
@@ -69,6 +70,7 @@ class SafetensorsReader {
   std::size_t data_start_ = 0;  // 8 + header length
   Metadata metadata_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, std::size_t> index_;  // name -> position in tensors_
 };
 
 }  // namespace gradsync::io
