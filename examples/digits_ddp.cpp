@@ -24,6 +24,7 @@
 #include <cstdio>
 
 #include "common/trainer_support.h"
+#include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
 
@@ -55,6 +56,9 @@ int main(int argc, char** argv) try {
   // 1-2. The run, and the model made data-parallel.
   auto training = examples::prepare_training(options);
   std::shared_ptr<nn::Module> model = nn::prepare_ddp_module(training->model, *training->comm, find_unused);
+  // DataParallel checks the model across ranks; the optimizer is ours to check (a rank started
+  // with another --optimizer or --lr would otherwise train apart silently).
+  dist::require_same_optimizer(*training->optimizer, *training->comm, "digits_ddp");
   if (training->comm->rank() == 0 && !options.quiet) {
     std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s, global batch %lld = %d x "
                 "%lld microbatch(es) of %lld, sync %s\n",
