@@ -164,8 +164,19 @@ double time_calls(comm::Communicator& comm, int iterations, const std::function<
   return slowest.to_double_vector()[0];
 }
 
+// The same ranks without the always-on fingerprint check (docs/communication.md): the check's
+// cost is the difference between the two.
+std::unique_ptr<comm::Communicator> unverified_duplicate(comm::Communicator& comm) {
+  ::setenv("GRADSYNC_VERIFY_COLLECTIVES", "0", 1);
+  auto plain = comm.duplicate();
+  ::unsetenv("GRADSYNC_VERIFY_COLLECTIVES");
+  return plain;
+}
+
 void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw, const TorchTable& torch) {
   const int n = comm.size();
+  const bool cpu = comm.device_type().is_cpu();
+  std::unique_ptr<comm::Communicator> unverified = cpu ? unverified_duplicate(comm) : nullptr;
   const Device device = comm.device_type();
   if (comm.rank() == 0) {
     std::printf("\n%s, %d ranks, f32 sum; raw = the library call itself%s\n", comm.backend(), n,
@@ -173,6 +184,7 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
     std::printf("%-10s %12s %10s %10s %10s %10s %9s", "op", "bytes", "time us", "algbw GB/s", "busbw GB/s", "raw us",
                 "ours/raw");
     if (!torch.empty()) std::printf(" %10s %10s", "torch us", "ours/torch");
+    if (unverified) std::printf(" %13s %10s", "unverified us", "verify us");
     std::printf("\n");
   }
   for (Op op : {Op::allreduce, Op::allgather, Op::broadcast}) {
@@ -200,6 +212,10 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
       }
       const double seconds = time_calls(comm, iterations, ours);
       const double raw_seconds = time_calls(comm, iterations, theirs);
+      double unverified_seconds = 0;
+      if (unverified && op == Op::allreduce) {
+        unverified_seconds = time_calls(comm, iterations, [&] { unverified->allreduce(data, comm::ReduceOp::sum); });
+      }
       if (comm.rank() == 0) {
         const double algbw = static_cast<double>(reported_bytes) / seconds / 1e9;
         std::printf("%-10s %12lld %10.1f %10.3f %10.3f %10.1f %8.3fx", op_name(op), static_cast<long long>(reported_bytes),
@@ -211,6 +227,11 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
           } else {
             std::printf(" %10s %10s", "-", "-");
           }
+        }
+        if (unverified && unverified_seconds > 0) {
+          std::printf(" %13.1f %10.1f", unverified_seconds * 1e6, (seconds - unverified_seconds) * 1e6);
+        } else if (unverified) {
+          std::printf(" %13s %10s", "-", "-");
         }
         std::printf("\n");
       }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The sanitizer runs: the library and the tests built with AddressSanitizer + UndefinedBehavior-
+# Sanitizer (build-asan/) or ThreadSanitizer (build-tsan/), then run.
+#
+#   scripts/sanitize.sh asan            unit + multirank suites under ASan+UBSan (what CI runs)
+#   scripts/sanitize.sh tsan            the communication tests under TSan (what CI runs:
+#                                       test_gloo, test_failures, test_dist; about 5 minutes)
+#   scripts/sanitize.sh tsan --all      every multirank test under TSan (longer; by hand)
+#   scripts/sanitize.sh asan -- NAME..  just these meson tests
+#
+# Any report fails the run (halt_on_error / exitcode). Third-party code that is not built with
+# the sanitizer is suppressed in tests/sanitizers/*.supp, each entry with its reason.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+kind=${1:?usage: scripts/sanitize.sh asan|tsan [--all] [-- TEST...]}
+shift
+scripts/setup.sh >/dev/null  # the packages (and the main build, which the sanitizers do not need)
+
+supp=$PWD/tests/sanitizers
+case $kind in
+  asan)
+    dir=build-asan
+    sanitize=address,undefined
+    # LeakSanitizer: Open MPI and Gloo keep process-lifetime allocations (see lsan.supp).
+    export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=0:exitcode=23:strict_string_checks=1:detect_stack_use_after_return=1"
+    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
+    ;;
+  tsan)
+    dir=build-tsan
+    sanitize=thread
+    export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
+    ;;
+  *) echo "unknown sanitizer '$kind' (asan or tsan)"; exit 2 ;;
+esac
+
+if [[ ! -f $dir/build.ninja ]]; then
+  echo "== configuring $dir ($sanitize)"
+  # No CUDA (the sanitizers do not see into the GPU, and nvcc would double the build), no
+  # benchmarks or examples: the library and its tests. b_lundef=false: the sanitizer runtimes
+  # resolve at load time.
+  meson setup "$dir" -Db_sanitize=$sanitize -Db_lundef=false -Dbuildtype=debugoptimized -Dcuda=disabled \
+    -Dbenchmarks=false -Dexamples=false >/dev/null
+fi
+echo "== building $dir ($(nproc) cores)"
+ninja -C "$dir" >/dev/null
+
+tests=()
+all=false
+while (($#)); do
+  case $1 in
+    --all) all=true ;;
+    --) shift; tests=("$@"); break ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+
+# Longer timeouts: the instrumented code runs 2-15x slower.
+if ((${#tests[@]})); then
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 3 "${tests[@]}"
+elif [[ $kind == asan ]]; then
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 3 --suite unit --suite multirank
+elif $all; then
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 --suite multirank
+else
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist
+fi
