@@ -43,7 +43,7 @@ if [[ ! -f $dir/build.ninja ]]; then
     -Dbenchmarks=false -Dexamples=false >/dev/null
 fi
 echo "== building $dir ($(nproc) cores)"
-ninja -C "$dir" >/dev/null
+ninja -C "$dir" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; echo "== the $kind build failed"; exit 1; }
 
 tests=()
 all=false
