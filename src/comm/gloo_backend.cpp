@@ -12,7 +12,14 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <sstream>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -200,6 +207,11 @@ class GlooBackend final : public Backend {
         return message + " (" + address + " is rank " + std::to_string(peer) + ")";
       }
     }
+    for (const auto& [address, peer] : socket_owner_) {
+      if (message.find(address) != std::string::npos) {
+        return message + " (" + address + " is rank " + std::to_string(peer) + ")";
+      }
+    }
     return message;
   }
 
@@ -265,6 +277,71 @@ class GlooBackend final : public Backend {
       if (peer == static_cast<std::size_t>(rank())) continue;
       peer_addresses_[peer] = std::string(all.data() + kWidth * (n * peer + static_cast<std::size_t>(rank())));
     }
+    learn_socket_addresses();
+  }
+
+  // The side of a connection that accepted it sees the connecting side's ephemeral address, not
+  // its listening one: every rank also publishes the local addresses of its process's
+  // connected TCP sockets. An address only one rank claims names that rank (ranks that are
+  // threads of one process all claim the same sockets, and are left to the table above).
+  void learn_socket_addresses() {
+    std::string mine;
+    std::error_code error;
+    for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const int fd = std::stoi(name);
+      sockaddr_storage local{};
+      sockaddr_storage remote{};
+      socklen_t local_length = sizeof local;
+      socklen_t remote_length = sizeof remote;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_length) != 0) continue;
+      const std::string text = address_text(local);
+      if (!text.empty()) mine += text + "\n";
+    }
+    mine.append((8 - mine.size() % 8) % 8, '\0');
+    std::int64_t words = static_cast<std::int64_t>(mine.size() / 8);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(size()));
+    allgather(&words, counts.data(), 1, DType::i64);
+    std::int64_t total = 0;
+    for (const std::int64_t count : counts) total += count;
+    std::string all(static_cast<std::size_t>(total) * 8, '\0');
+    allgatherv(mine.data(), all.data(), counts, DType::i64);
+    std::map<std::string, int> owner;  // address -> rank, or -1 when several ranks claim it
+    std::size_t offset = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      std::istringstream lines(all.substr(offset, static_cast<std::size_t>(counts[static_cast<std::size_t>(peer)]) * 8));
+      offset += static_cast<std::size_t>(counts[static_cast<std::size_t>(peer)]) * 8;
+      std::string line;
+      while (std::getline(lines, line)) {
+        line.erase(std::find(line.begin(), line.end(), '\0'), line.end());
+        if (line.empty()) continue;
+        const auto [at, inserted] = owner.emplace(line, peer);
+        if (!inserted && at->second != peer) at->second = -1;
+      }
+    }
+    for (const auto& [address, peer] : owner) {
+      if (peer >= 0 && peer != rank()) socket_owner_[address] = peer;
+    }
+  }
+
+  // "[127.0.0.1]:40123", as Gloo prints addresses; empty for what is not IPv4/IPv6.
+  static std::string address_text(const sockaddr_storage& address) {
+    char host[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (address.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+      ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+      port = ntohs(v4->sin_port);
+    } else if (address.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+      ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+      port = ntohs(v6->sin6_port);
+    } else {
+      return "";
+    }
+    return "[" + std::string(host) + "]:" + std::to_string(port);
   }
 
   std::shared_ptr<gloo::Context> context_;
@@ -276,6 +353,7 @@ class GlooBackend final : public Backend {
   gloo::transport::UnboundBuffer* waiting_ = nullptr;
   bool waiting_receive_ = false;
   std::vector<std::string> peer_addresses_;  // by rank: how Gloo's messages name that peer
+  std::map<std::string, int> socket_owner_;   // connected sockets' local addresses, by owning rank
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
   std::uint32_t ring_operations_ = 0;
