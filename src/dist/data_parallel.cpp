@@ -12,6 +12,13 @@ namespace gradsync::dist {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// AUTO's trials: one warm-up window, then each candidate for kTrialWindows windows.
+constexpr std::array<DDPSyncStrategy, 3> kCandidates{DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
+                                                     DDPSyncStrategy::forced_sync};
+constexpr int kTrialWindows = 2;
+}  // namespace
+
 struct DataParallel::Impl {
   ParameterRegistry& registry;
   comm::Communicator& comm;
@@ -45,16 +52,15 @@ struct DataParallel::Impl {
     AutoState& state = automatic;
     if (!final) return;
     const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
-    if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindowsPerCandidate)] += seconds;
+    if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindows)] += seconds;
     state.active = false;
     ++state.window;
-    if (state.window == 1 + kTrialWindowsPerCandidate * 3) state.decision_due = true;
+    if (state.window == 1 + kTrialWindows * static_cast<int>(kCandidates.size())) state.decision_due = true;
   }
 
   // Every rank decides from the same summed times, at the same point (the opening of the first
   // window after the trials, never inside an unwinding destructor): the same choice.
   void decide_auto();
-  static constexpr int kTrialWindowsPerCandidate = 2;
 
   Impl(ParameterRegistry& registry_, comm::Communicator& comm_, DataParallelOptions options_)
       : registry(registry_), comm(comm_), options(options_) {}
@@ -252,11 +258,6 @@ DDPSyncStrategy default_sync_strategy(bool find_unused_parameters) {
   return find_unused_parameters ? DDPSyncStrategy::multi_auto_sync : DDPSyncStrategy::single_auto_sync;
 }
 
-namespace {
-constexpr std::array<DDPSyncStrategy, 3> kCandidates{DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
-                                                     DDPSyncStrategy::forced_sync};
-constexpr int kTrialWindows = 2;  // per candidate, after one warm-up window (Impl::kTrialWindowsPerCandidate)
-}  // namespace
 
 void DataParallel::Impl::decide_auto() {
   AutoState& state = automatic;
