@@ -13,6 +13,7 @@ std::string describe(const Parameter& parameter, const std::string& name) {
   text << "'" << name << "' " << dtype_name(parameter.dtype()) << "[";
   for (std::size_t d = 0; d < parameter.shape().size(); ++d) text << (d ? ", " : "") << parameter.shape()[d];
   text << "]" << (parameter.device().is_cpu() ? " on cpu" : " on cuda");
+  if (parameter.grad_dtype() != parameter.dtype()) text << " with " << dtype_name(parameter.grad_dtype()) << " gradients";
   return text.str();
 }
 

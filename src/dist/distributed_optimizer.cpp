@@ -1,6 +1,8 @@
 // The DistributedOptimizer (gradsync/dist/distributed_optimizer.h).
 #include "gradsync/dist/distributed_optimizer.h"
 
+#include "gradsync/optim/clip.h"
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -88,6 +90,7 @@ struct DistributedOptimizer::Impl {
   bool distributed = false;
   bool adasum = false;
   bool synchronized = false;
+  bool clipped = false;  // clip_grad_norm synchronized this window's gradients: step() must not again
   bool should_synchronize = true;
   bool warned = false;
   int next_passes = 0;  // set_backward_passes_per_step mid-window: applies from the next window
@@ -314,7 +317,7 @@ struct DistributedOptimizer::Impl {
       comm.allgatherv_host(indices, all_indices, counts);
 
       // Values travel in the parameter's dtype, or compressed.
-      DType wire = parameter->dtype();
+      DType wire = parameter->grad_dtype();
       if (options.compression == Compression::fp16 && is_floating(wire)) wire = DType::f16;
       if (options.compression == Compression::bf16 && is_floating(wire)) wire = DType::bf16;
       Tensor values = Tensor::from_vector(mine.values, {static_cast<std::int64_t>(mine.values.size())}).to(wire);
@@ -336,7 +339,7 @@ struct DistributedOptimizer::Impl {
         for (double& value : dense) value /= comm.size();
       }
       parameter->grad_for_overwrite().copy_from(
-          Tensor::from_vector(dense, parameter->shape()).to(parameter->dtype()).to(parameter->device()));
+          Tensor::from_vector(dense, parameter->shape()).to(parameter->grad_dtype()).to(parameter->device()));
       mine = SparseRows{};
     }
   }
@@ -355,7 +358,7 @@ struct DistributedOptimizer::Impl {
         }
       }
       parameter->grad_for_overwrite().copy_from(
-          Tensor::from_vector(dense, parameter->shape()).to(parameter->dtype()).to(parameter->device()));
+          Tensor::from_vector(dense, parameter->shape()).to(parameter->grad_dtype()).to(parameter->device()));
       found->second = SparseRows{};
     }
   }
@@ -419,7 +422,7 @@ void DistributedOptimizer::step() {
   }
   if (impl_->adasum) return impl_->guarded("step", [&] { impl_->adasum_step(); });
   impl_->require_usable("step");
-  if (impl_->should_synchronize) {
+  if (impl_->should_synchronize && !impl_->clipped) {
     if (impl_->synchronized && !impl_->warned) {
       impl_->warned = true;
       warn("optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
@@ -429,7 +432,18 @@ void DistributedOptimizer::step() {
     impl_->synchronize();
   }
   impl_->synchronized = false;
+  impl_->clipped = false;
   impl_->optimizer.step();
+}
+
+double DistributedOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  if (!impl_->distributed) {
+    impl_->densify_local_sparse();
+  } else if (!impl_->adasum) {
+    synchronize();
+    impl_->clipped = true;
+  }
+  return optim::clip_grad_norm(impl_->optimizer, max_norm, norm_type, error_if_nonfinite);
 }
 
 void DistributedOptimizer::zero_grad(bool set_to_undefined) {
@@ -438,6 +452,7 @@ void DistributedOptimizer::zero_grad(bool set_to_undefined) {
                  "optimizer.synchronize(). This is prohibited as it can cause a race condition.");
   impl_->optimizer.zero_grad(set_to_undefined);
   impl_->sparse_rows.clear();
+  impl_->clipped = false;
 }
 
 DistributedOptimizer::SkipSynchronize::SkipSynchronize(DistributedOptimizer& optimizer)
@@ -494,7 +509,7 @@ void DistributedOptimizer::set_sparse_grad(Parameter& parameter, const Tensor& i
         dense[static_cast<std::size_t>(at[k] * row + e)] += values[static_cast<std::size_t>(k * row + e)];
       }
     }
-    parameter.set_grad(Tensor::from_vector(dense, parameter.shape()).to(parameter.dtype()));
+    parameter.set_grad(Tensor::from_vector(dense, parameter.shape()).to(parameter.grad_dtype()));
     impl_->optimizer.registry().mark_ready(parameter);
     return;
   }

@@ -186,9 +186,9 @@ struct Reducer::Impl {
       GRADSYNC_CHECK(parameter->requires_grad(), "Reducer: '", parameter->name(), "' is frozen (requires_grad false)");
       GRADSYNC_CHECK(position[parameter->index()] < 0, "Reducer: '", parameter->name(), "' appears twice");
       position[parameter->index()] = static_cast<int>(i);
-      sizes.push_back(static_cast<std::size_t>(parameter->numel()) * dtype_size(parameter->dtype()));
+      sizes.push_back(static_cast<std::size_t>(parameter->numel()) * dtype_size(parameter->grad_dtype()));
       const int device_code = parameter->device().is_cpu() ? -1 : parameter->device().index;
-      const auto key = std::make_pair(device_code, static_cast<int>(parameter->dtype()));
+      const auto key = std::make_pair(device_code, static_cast<int>(parameter->grad_dtype()));
       keys.push_back(key_of.emplace(key, static_cast<int>(key_of.size())).first->second);
     }
     std::vector<int> together;
@@ -212,7 +212,7 @@ struct Reducer::Impl {
       Bucket bucket;
       bucket.info.index = buckets.size();
       for (const std::size_t i : indices) bucket.info.members.push_back(order[i]);
-      bucket.info.dtype = bucket.info.members[0]->dtype();
+      bucket.info.dtype = bucket.info.members[0]->grad_dtype();
       bucket.info.device = bucket.info.members[0]->device();
       lay_out(bucket);
       bucket.ready.assign(bucket.info.members.size(), false);

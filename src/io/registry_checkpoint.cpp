@@ -40,12 +40,13 @@ std::string line(const Parts&... parts) {
   return text.str();
 }
 
-// Appends a line to `differences` when the file's entry does not match the parameter.
-void compare_entry(const SafetensorsReader& file, const std::string& key, const Parameter& parameter,
-                   std::vector<std::string>& differences) {
+// Appends a line to `differences` when the file's entry does not match the parameter's value
+// (or gradient) of dtype `dtype`. With `convert`, any floating dtype matches a floating one.
+void compare_entry(const SafetensorsReader& file, const std::string& key, const Parameter& parameter, DType dtype,
+                   bool convert, std::vector<std::string>& differences) {
   const TensorInfo* info = file.find(key);
   if (info == nullptr) {
-    differences.push_back(line("'", key, "' is missing from the file (registered as ", dtype_name(parameter.dtype()),
+    differences.push_back(line("'", key, "' is missing from the file (registered as ", dtype_name(dtype),
                                shape_str(parameter.shape()), ")"));
     return;
   }
@@ -53,10 +54,17 @@ void compare_entry(const SafetensorsReader& file, const std::string& key, const 
     differences.push_back(line("'", key, "' has shape ", shape_str(info->shape), " in the file, ",
                                shape_str(parameter.shape()), " registered"));
   }
-  if (info->dtype != parameter.dtype()) {
-    differences.push_back(line("'", key, "' has dtype ", dtype_name(info->dtype), " in the file, ",
-                               dtype_name(parameter.dtype()), " registered"));
+  const bool convertible = convert && is_floating(info->dtype) && is_floating(dtype);
+  if (info->dtype != dtype && !convertible) {
+    differences.push_back(line("'", key, "' has dtype ", dtype_name(info->dtype), " in the file, ", dtype_name(dtype),
+                               " registered", convert ? " (only floating dtypes convert)" : ""));
   }
+}
+
+// The file's tensor in `dtype` (rounded to nearest even when it narrows).
+Tensor read_as(const SafetensorsReader& file, const std::string& key, DType dtype) {
+  Tensor data = file.read(key);
+  return data.dtype() == dtype ? data : data.to(dtype);
 }
 
 }  // namespace
@@ -71,10 +79,11 @@ Metadata load_registry(ParameterRegistry& registry, const std::filesystem::path&
   std::set<std::string> expected;
   for (const Parameter& parameter : registry) {
     expected.insert(parameter.name());
-    compare_entry(file, parameter.name(), parameter, differences);
+    compare_entry(file, parameter.name(), parameter, parameter.dtype(), options.convert_dtypes, differences);
     if (options.load_grads && file.find(grad_key(parameter.name())) != nullptr) {
       expected.insert(grad_key(parameter.name()));
-      compare_entry(file, grad_key(parameter.name()), parameter, differences);
+      compare_entry(file, grad_key(parameter.name()), parameter, parameter.grad_dtype(), options.convert_dtypes,
+                    differences);
       if (!parameter.requires_grad()) {
         differences.push_back(line("'", grad_key(parameter.name()), "' is a gradient for a frozen parameter"));
       }
@@ -99,9 +108,9 @@ Metadata load_registry(ParameterRegistry& registry, const std::filesystem::path&
   std::vector<Tensor> values;
   std::vector<Tensor> grads;
   for (const Parameter& parameter : registry) {
-    values.push_back(file.read(parameter.name()));
+    values.push_back(read_as(file, parameter.name(), parameter.dtype()));
     const bool has_grad = options.load_grads && file.find(grad_key(parameter.name())) != nullptr;
-    grads.push_back(has_grad ? file.read(grad_key(parameter.name())) : Tensor());
+    grads.push_back(has_grad ? read_as(file, grad_key(parameter.name()), parameter.grad_dtype()) : Tensor());
   }
 
   // 3. Commit.

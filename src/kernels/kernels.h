@@ -7,6 +7,7 @@
 
 #include "gradsync/core/device.h"
 #include "gradsync/core/dtype.h"
+#include "gradsync/kernels/ops.h"
 
 namespace gradsync::kernels {
 
@@ -18,6 +19,7 @@ void add(const void* a, const void* b, void* out, DType dtype, std::int64_t n);
 void cast(const void* source, DType source_dtype, void* destination, DType destination_dtype, std::int64_t n);
 double dot(const void* a, const void* b, DType dtype, std::int64_t n);
 double squared_norm(const void* x, DType dtype, std::int64_t n);
+ops::NormStatistics norm_statistics(const void* x, DType dtype, std::int64_t n, double factor);
 }  // namespace cpu
 
 namespace cuda {
@@ -29,6 +31,7 @@ void cast(Device device, const void* source, DType source_dtype, void* destinati
           std::int64_t n);
 double dot(Device device, const void* a, const void* b, DType dtype, std::int64_t n);
 double squared_norm(Device device, const void* x, DType dtype, std::int64_t n);
+ops::NormStatistics norm_statistics(Device device, const void* x, DType dtype, std::int64_t n, double factor);
 }  // namespace cuda
 
 }  // namespace gradsync::kernels

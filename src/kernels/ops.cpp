@@ -101,6 +101,13 @@ double squared_norm(const Tensor& x) {
   CUDA_OR_FAIL("squared_norm", x, squared_norm(x.device(), x.data(), x.dtype(), x.numel()));
 }
 
+NormStatistics norm_statistics(const Tensor& x, double factor) {
+  require_defined("norm_statistics", x);
+  GRADSYNC_CHECK(is_floating(x.dtype()), "norm_statistics: ", x.describe(), " is not floating");
+  if (x.device().is_cpu()) return kernels::cpu::norm_statistics(x.data(), x.dtype(), x.numel(), factor);
+  CUDA_OR_FAIL("norm_statistics", x, norm_statistics(x.device(), x.data(), x.dtype(), x.numel(), factor));
+}
+
 #undef CUDA_OR_FAIL
 
 }  // namespace gradsync::ops

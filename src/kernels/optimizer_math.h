@@ -44,14 +44,22 @@ GRADSYNC_HOST_DEVICE inline T fma_rn(T a, T b, T c) {  // a * b + c, rounded onc
 #endif
 }
 
+// The gradient as the update sees it: unscaled by the loss scaler, then clipped, each product
+// rounded once (torch: grad.mul_(inv_scale) in unscale_, grad.mul_(clip_coef) in clipping).
+template <typename T>
+GRADSYNC_HOST_DEVICE inline T scaled_gradient(T grad, T unscale, T clip) {
+  return mul_rn(mul_rn(grad, unscale), clip);
+}
+
 template <typename T>
 struct SgdScalars {
-  T lr, momentum, one_minus_dampening, weight_decay;
+  T lr, momentum, one_minus_dampening, weight_decay, grad_unscale, grad_clip;
   bool use_momentum, nesterov, maximize, first_step, use_weight_decay;
 };
 
 template <typename T>
 GRADSYNC_HOST_DEVICE inline void sgd_element(const SgdScalars<T>& s, T& param, T grad, T* momentum_buffer) {
+  grad = scaled_gradient(grad, s.grad_unscale, s.grad_clip);
   T d_p = s.maximize ? -grad : grad;                                 // d_p = -grad if maximize
   if (s.use_weight_decay) d_p = fma_rn(param, s.weight_decay, d_p);   // d_p.add(param, alpha=wd)
   if (s.use_momentum) {
@@ -70,13 +78,14 @@ GRADSYNC_HOST_DEVICE inline void sgd_element(const SgdScalars<T>& s, T& param, T
 template <typename T>
 struct AdamScalars {
   T beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, neg_step_size,
-      bias_correction2_sqrt;
+      bias_correction2_sqrt, grad_unscale, grad_clip;
   bool amsgrad, maximize, decoupled, use_l2;
 };
 
 template <typename T>
 GRADSYNC_HOST_DEVICE inline void adam_element(const AdamScalars<T>& s, T& param, T grad, T& exp_avg, T& exp_avg_sq,
                                               T* max_exp_avg_sq) {
+  grad = scaled_gradient(grad, s.grad_unscale, s.grad_clip);
   T g = s.maximize ? -grad : grad;                                    // grad = -grad if maximize
   if (s.decoupled) param = mul_rn(param, s.decay_factor);              // AdamW: param.mul_(1 - lr*wd)
   if (s.use_l2) g = fma_rn(param, s.weight_decay, g);                  // Adam: grad.add(param, alpha=wd)
@@ -98,6 +107,8 @@ SgdScalars<T> sgd_scalars(const Segment& segment) {
           static_cast<T>(segment.momentum),
           static_cast<T>(1.0 - segment.dampening),
           static_cast<T>(segment.weight_decay),
+          static_cast<T>(segment.grad_unscale),
+          static_cast<T>(segment.grad_clip),
           segment.momentum != 0.0,
           segment.nesterov,
           segment.maximize,
@@ -116,6 +127,8 @@ AdamScalars<T> adam_scalars(const Segment& segment) {
           static_cast<T>(segment.decay_factor),
           static_cast<T>(-segment.step_size),
           static_cast<T>(segment.bias_correction2_sqrt),
+          static_cast<T>(segment.grad_unscale),
+          static_cast<T>(segment.grad_clip),
           segment.amsgrad,
           segment.maximize,
           segment.decoupled,

@@ -52,14 +52,46 @@ void linear_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& gy, Ten
   GX.noalias() = GY * W;
 }
 
+// Layers compute in their parameters' dtype, or in f32 for f16/bf16 parameters (activations
+// then stay f32: the 16-bit copy is what the model stores and communicates, f32 is what it
+// computes in, as autocast does for matrix products with f32 accumulation).
+DType compute_dtype(DType parameter_dtype) {
+  return parameter_dtype == DType::f16 || parameter_dtype == DType::bf16 ? DType::f32 : parameter_dtype;
+}
+
+// The parameter's value in the compute dtype: the value itself, or a widened copy (exact).
+Tensor compute_value(const Parameter& parameter) {
+  const Tensor& value = parameter.value();
+  return value.dtype() == compute_dtype(value.dtype()) ? value : value.to(compute_dtype(value.dtype()));
+}
+
+// Where a layer accumulates a parameter's gradient: the gradient buffer itself when it has the
+// compute dtype (f32 "main grads" of a 16-bit model included), else a zeroed f32 scratch that
+// commit_gradient() adds in, rounding once per element.
+Tensor gradient_target(Parameter& parameter, DType compute) {
+  if (parameter.grad_dtype() == compute) return parameter.grad_for_accumulate();
+  return Tensor::zeros(parameter.shape(), compute, parameter.device());
+}
+
+void commit_gradient(Parameter& parameter, const Tensor& target) {
+  if (parameter.grad_dtype() == target.dtype()) return;  // accumulated in place
+  if (parameter.grad_defined()) {
+    Tensor sum = parameter.grad().to(target.dtype());
+    ops::axpy(1.0, target, sum);
+    ops::cast(sum, parameter.grad_for_overwrite());
+  } else {
+    ops::cast(target, parameter.grad_for_overwrite());
+  }
+}
+
 }  // namespace
 
 Linear::Linear(ParameterRegistry& registry, const std::string& name, std::int64_t in_features, std::int64_t out_features,
-               DType dtype, Device device)
+               DType dtype, Device device, std::optional<DType> grad_dtype)
     : registry_(registry), in_(in_features), out_(out_features) {
-  GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64, "Linear '", name, "': f32 or f64, got ", dtype_name(dtype));
-  weight_ = &registry.add(name + ".weight", {out_features, in_features}, dtype, device);
-  bias_ = &registry.add(name + ".bias", {out_features}, dtype, device);
+  GRADSYNC_CHECK(is_floating(dtype), "Linear '", name, "': parameters f32, f64, f16 or bf16, got ", dtype_name(dtype));
+  weight_ = &registry.add(name + ".weight", {out_features, in_features}, dtype, device, true, grad_dtype);
+  bias_ = &registry.add(name + ".bias", {out_features}, dtype, device, true, grad_dtype);
 }
 
 void Linear::initialize(std::uint64_t seed) {
@@ -74,32 +106,36 @@ void Linear::initialize(std::uint64_t seed) {
 }
 
 Tensor Linear::forward(const Tensor& input) {
-  require_input("Linear forward", input, in_, weight_->dtype(), weight_->device());
+  require_input("Linear forward", input, in_, compute_dtype(weight_->dtype()), weight_->device());
   input_ = input;
+  const Tensor weight = compute_value(*weight_);
+  const Tensor bias = compute_value(*bias_);
   Tensor output = Tensor::empty({input.shape()[0], out_}, input.dtype(), input.device());
   if (input.device().is_cuda()) {
-    cuda::linear_forward(input, weight_->value(), bias_->value(), output);
+    cuda::linear_forward(input, weight, bias, output);
   } else {
-    with_float(input.dtype(), [&]<typename T>(T) { linear_forward_cpu<T>(input, weight_->value(), bias_->value(), output); });
+    with_float(input.dtype(), [&]<typename T>(T) { linear_forward_cpu<T>(input, weight, bias, output); });
   }
   return output;
 }
 
 Tensor Linear::backward(const Tensor& grad_output) {
   GRADSYNC_CHECK(input_.defined(), "Linear '", weight_->name(), "': backward before forward");
-  require_input("Linear backward", grad_output, out_, weight_->dtype(), weight_->device());
+  const DType compute = compute_dtype(weight_->dtype());
+  require_input("Linear backward", grad_output, out_, compute, weight_->device());
   GRADSYNC_CHECK(grad_output.shape()[0] == input_.shape()[0], "Linear backward: gradient of ", grad_output.shape()[0],
                  " rows for a forward of ", input_.shape()[0]);
   Tensor grad_input = Tensor::empty({input_.shape()[0], in_}, input_.dtype(), input_.device());
-  Tensor& gw = weight_->grad_for_accumulate();
-  Tensor& gb = bias_->grad_for_accumulate();
+  const Tensor weight = compute_value(*weight_);
+  Tensor gw = gradient_target(*weight_, compute);
+  Tensor gb = gradient_target(*bias_, compute);
   if (input_.device().is_cuda()) {
-    cuda::linear_backward(input_, weight_->value(), grad_output, gw, gb, grad_input);
+    cuda::linear_backward(input_, weight, grad_output, gw, gb, grad_input);
   } else {
-    with_float(input_.dtype(), [&]<typename T>(T) {
-      linear_backward_cpu<T>(input_, weight_->value(), grad_output, gw, gb, grad_input);
-    });
+    with_float(input_.dtype(), [&]<typename T>(T) { linear_backward_cpu<T>(input_, weight, grad_output, gw, gb, grad_input); });
   }
+  commit_gradient(*weight_, gw);
+  commit_gradient(*bias_, gb);
   // Both gradients are complete: say so at once (bias first: the order DDP's hooks see).
   registry_.mark_ready(*bias_);
   registry_.mark_ready(*weight_);

@@ -27,13 +27,14 @@ constexpr std::size_t kMaxExpAvgSq = 2;
 
 }  // namespace
 
-Adam::Adam(ParameterRegistry& registry, const Options& options)
-    : Adam(registry, std::vector<Group>{{trainable_parameters(registry), options}}, false) {}
+Adam::Adam(ParameterRegistry& registry, const Options& options, MasterWeights master_weights)
+    : Adam(registry, std::vector<Group>{{trainable_parameters(registry), options}}, false, master_weights) {}
 
-Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups) : Adam(registry, std::move(groups), false) {}
+Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights)
+    : Adam(registry, std::move(groups), false, master_weights) {}
 
-Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decoupled)
-    : Optimizer(registry, internal::members(groups), {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}),
+Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decoupled, MasterWeights master_weights)
+    : Optimizer(registry, internal::members(groups), {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, master_weights),
       decoupled_(decoupled) {
   for (std::size_t group = 0; group < groups.size(); ++group) {
     validate(groups[group].options, group, name());
@@ -41,10 +42,11 @@ Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decouple
   }
 }
 
-AdamW::AdamW(ParameterRegistry& registry, const Options& options)
-    : Adam(registry, std::vector<Group>{{trainable_parameters(registry), options}}, true) {}
+AdamW::AdamW(ParameterRegistry& registry, const Options& options, MasterWeights master_weights)
+    : Adam(registry, std::vector<Group>{{trainable_parameters(registry), options}}, true, master_weights) {}
 
-AdamW::AdamW(ParameterRegistry& registry, std::vector<Group> groups) : Adam(registry, std::move(groups), true) {}
+AdamW::AdamW(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights)
+    : Adam(registry, std::move(groups), true, master_weights) {}
 
 const Adam::Options& Adam::options(std::size_t group) const {
   group_parameters(group);  // range check with a clear message
@@ -97,18 +99,17 @@ void Adam::update_arena(std::size_t arena, std::span<const Segment> segments) {
     const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
     runs.push_back({segment.begin, segment.count, o.beta1, o.beta2, o.eps, o.weight_decay,
                     1.0 - o.lr * o.weight_decay, o.lr / bias_correction1, std::sqrt(bias_correction2), o.amsgrad,
-                    o.maximize, decoupled_});
+                    o.maximize, decoupled_, segment.grad_unscale, segment.grad_clip});
   }
+  const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
   void* exp_avg = state_buffer(arena, kExpAvg).data();
   void* exp_avg_sq = state_buffer(arena, kExpAvgSq).data();
   void* max_exp_avg_sq = needs_max ? state_buffer(arena, kMaxExpAvgSq).data() : nullptr;
   if (parameters.device.is_cpu()) {
-    kernels::cpu::adam_update(parameters.dtype, parameters.values.data(), parameters.grads.data(), exp_avg, exp_avg_sq,
-                              max_exp_avg_sq, runs);
+    kernels::cpu::adam_update(buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
   } else {
 #if GRADSYNC_WITH_CUDA
-    kernels::cuda::adam_update(parameters.device, parameters.dtype, parameters.values.data(), parameters.grads.data(),
-                               exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
+    kernels::cuda::adam_update(parameters.device, buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
 #else
     detail::throw_error(name(), ": parameters on ", parameters.device.str(), " but gradsync was built without CUDA");
 #endif

@@ -3,6 +3,7 @@
 #include "gradsync/kernels/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -23,13 +24,26 @@ std::vector<Parameter*> trainable_parameters(ParameterRegistry& registry) {
 }
 
 Optimizer::Optimizer(ParameterRegistry& registry, std::vector<std::vector<Parameter*>> groups,
-                     std::vector<std::string> buffer_names)
-    : registry_(registry), groups_(std::move(groups)), buffer_names_(std::move(buffer_names)) {
+                     std::vector<std::string> buffer_names, MasterWeights master_weights)
+    : registry_(registry), groups_(std::move(groups)), buffer_names_(std::move(buffer_names)),
+      master_weights_(master_weights) {
   GRADSYNC_CHECK(registry_.finalized(), "optimizer: the parameter registry must be finalized first");
   GRADSYNC_CHECK(!groups_.empty(), "optimizer got an empty parameter list");
   group_of_.assign(registry_.size(), kNoGroup);
   steps_.assign(registry_.size(), 0);
   present_.assign(registry_.size(), 0);
+  // The master copy is one more state buffer: laid out like the others, saved and loaded with
+  // them ("optimizer.state.<param>.master"), present once the parameter's first step took it.
+  if (master_weights_ == MasterWeights::f32) {
+    master_buffer_ = buffer_names_.size();
+    buffer_names_.push_back("master");
+  }
+  GRADSYNC_CHECK(buffer_names_.size() <= 32, "optimizer: at most 32 state buffers");
+  master_arena_.assign(registry_.arenas().size(), false);
+  for (std::size_t arena = 0; arena < registry_.arenas().size(); ++arena) {
+    const DType dtype = registry_.arenas()[arena].dtype;
+    master_arena_[arena] = master_weights_ == MasterWeights::f32 && (dtype == DType::f16 || dtype == DType::bf16);
+  }
   buffers_.assign(registry_.arenas().size(), std::vector<Tensor>(buffer_names_.size()));
   for (std::size_t group = 0; group < groups_.size(); ++group) {
     GRADSYNC_CHECK(!groups_[group].empty(), "optimizer: parameter group ", group, " is empty");
@@ -40,9 +54,15 @@ Optimizer::Optimizer(ParameterRegistry& registry, std::vector<std::vector<Parame
                      parameter->name(), "' belongs to another registry");
       GRADSYNC_CHECK(parameter->requires_grad(), "optimizer: parameter '", parameter->name(),
                      "' is frozen (requires_grad is false) and cannot be optimized");
-      GRADSYNC_CHECK(parameter->dtype() == DType::f32 || parameter->dtype() == DType::f64, "optimizer: parameter '",
-                     parameter->name(), "' has dtype ", dtype_name(parameter->dtype()),
-                     "; optimizers update f32 and f64 parameters");
+      const DType dtype = parameter->dtype();
+      GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
+                     "optimizer: parameter '", parameter->name(), "' has dtype ", dtype_name(dtype),
+                     "; optimizers update floating parameters");
+      GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64 || master_weights_ == MasterWeights::f32,
+                     "optimizer: parameter '", parameter->name(), "' is ", dtype_name(dtype),
+                     ", and this optimizer keeps no master weights: updates of size lr * grad would vanish when "
+                     "rounded to ", dtype == DType::bf16 ? 8 : 11, " significant bits. Construct the optimizer with "
+                     "optim::MasterWeights::f32 to step an f32 master copy");
       GRADSYNC_CHECK(group_of_[index] == kNoGroup, "optimizer: parameter '", parameter->name(),
                      "' appears in more than one parameter group (groups ", group_of_[index], " and ", group, ")");
       group_of_[index] = group;
@@ -87,13 +107,119 @@ Tensor Optimizer::state(const Parameter& parameter, std::string_view buffer) con
   detail::throw_error(name(), " has no state buffer '", buffer, "'");
 }
 
+DType Optimizer::state_dtype(std::size_t arena) const {
+  return has_master(arena) ? DType::f32 : registry_.arenas()[arena].dtype;
+}
+
 Tensor& Optimizer::state_buffer(std::size_t arena, std::size_t buffer) {
   Tensor& tensor = buffers_.at(arena).at(buffer);
   if (!tensor.defined()) {
     const Arena& values = registry_.arenas()[arena];
-    tensor = Tensor::zeros(values.values.shape(), values.dtype, values.device);
+    tensor = Tensor::zeros(values.values.shape(), state_dtype(arena), values.device);
   }
   return tensor;
+}
+
+Optimizer::ArenaBuffers Optimizer::arena_buffers(std::size_t arena) {
+  const Arena& a = registry_.arenas()[arena];
+  if (has_master(arena)) {
+    return {DType::f32, state_buffer(arena, master_buffer_).data(), a.grad_dtype, a.grads.data(), a.dtype,
+            a.values.data()};
+  }
+  return {a.dtype, a.values.data(), a.grad_dtype, a.grads.data(), a.dtype, nullptr};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Master weights
+
+// Takes the master copy of every parameter about to step that has none yet: its first step,
+// or the first after a load_state() whose file held no master copy.
+void Optimizer::initialize_master_weights(std::size_t arena) {
+  const std::uint32_t bit = 1u << master_buffer_;
+  for (const std::size_t index : registry_.arenas()[arena].parameters) {
+    Parameter& parameter = registry_[index];
+    if (group_of_[index] == kNoGroup || !parameter.grad_defined() || (present_[index] & bit)) continue;
+    Tensor master = state_buffer(arena, master_buffer_).view(parameter.arena_offset(), parameter.shape());
+    ops::cast(parameter.value(), master);  // widening is exact
+    present_[index] |= bit;
+  }
+}
+
+Tensor Optimizer::master_weight(const Parameter& parameter) const {
+  require_optimized(parameter, "master_weight");
+  if (!has_master(parameter.arena_index())) return Tensor();
+  return state(parameter, "master");
+}
+
+std::size_t Optimizer::load_master_weights(const io::SafetensorsReader& file) {
+  // Check everything first, so that a bad file changes nothing.
+  std::vector<std::pair<Parameter*, const io::TensorInfo*>> entries;
+  for (Parameter& parameter : registry_) {
+    if (group_of_[parameter.index()] == kNoGroup || !has_master(parameter.arena_index())) continue;
+    const io::TensorInfo* info = file.find(parameter.name());
+    if (info == nullptr) continue;
+    GRADSYNC_CHECK(info->shape == parameter.shape() && is_floating(info->dtype), "load_master_weights: '",
+                   parameter.name(), "' is ", dtype_name(info->dtype), shape_str(info->shape), " in '",
+                   file.path().string(), "', the parameter ", dtype_name(parameter.dtype()),
+                   shape_str(parameter.shape()));
+    entries.emplace_back(&parameter, info);
+  }
+  std::vector<Tensor> data;
+  for (const auto& [parameter, info] : entries) data.push_back(file.read(info->name).to(DType::f32));
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    Parameter& parameter = *entries[k].first;
+    Tensor master =
+        state_buffer(parameter.arena_index(), master_buffer_).view(parameter.arena_offset(), parameter.shape());
+    master.copy_from(data[k]);
+    ops::cast(master, parameter.value());  // the model is the master copy, rounded
+    present_[parameter.index()] |= 1u << master_buffer_;
+  }
+  return entries.size();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient factors and statistics
+
+void Optimizer::defer_gradient_unscale(double factor) {
+  GRADSYNC_CHECK(std::isfinite(factor) && factor > 0.0, name(), ": gradient unscale factor ", factor,
+                 " is not a positive finite number");
+  grad_unscale_ = factor;
+  statistics_.reset();
+}
+
+void Optimizer::defer_gradient_clip(double factor) {
+  // NaN is allowed: clipping by a NaN norm makes NaN gradients in PyTorch too.
+  GRADSYNC_CHECK(!(factor < 0.0), name(), ": gradient clip factor ", factor, " is negative");
+  grad_clip_ *= factor;
+}
+
+void Optimizer::discard_gradient_factors() {
+  grad_unscale_ = 1.0;
+  grad_clip_ = 1.0;
+  statistics_.reset();
+}
+
+GradientStatistics gradient_statistics(std::span<Parameter* const> parameters, double factor) {
+  GradientStatistics total;
+  for (const Parameter* parameter : parameters) {
+    GRADSYNC_CHECK(parameter != nullptr, "gradient_statistics: a null parameter");
+    if (!parameter->grad_defined()) continue;
+    const ops::NormStatistics one = ops::norm_statistics(parameter->grad(), factor);
+    total.sum_of_squares += one.sum_of_squares;
+    total.max_abs = std::max(total.max_abs, one.max_abs);
+    total.nonfinite += one.nonfinite;
+    if (one.nonfinite > 0) total.nonfinite_parameters.push_back(parameter->name());
+  }
+  return total;
+}
+
+const GradientStatistics& Optimizer::gradient_statistics() {
+  if (!statistics_) {
+    std::vector<Parameter*> all;
+    for (const auto& group : groups_) all.insert(all.end(), group.begin(), group.end());
+    statistics_ = optim::gradient_statistics(all, grad_unscale_);
+  }
+  return *statistics_;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -104,6 +230,7 @@ void Optimizer::step() {
   std::vector<Segment> segments;
   for (std::size_t arena = 0; arena < arenas.size(); ++arena) {
     segments.clear();
+    if (has_master(arena)) initialize_master_weights(arena);
     bool previous_included = false;  // was the previous parameter in arena order updated?
     for (const std::size_t index : arenas[arena].parameters) {
       const Parameter& parameter = registry_[index];
@@ -113,7 +240,7 @@ void Optimizer::step() {
         continue;
       }
       const Segment next{static_cast<std::int64_t>(parameter.arena_offset()), parameter.numel(), group,
-                         steps_[index] + 1, present_[index]};
+                         steps_[index] + 1, present_[index], grad_unscale_, grad_clip_};
       // Neighbours with the same group, step and state merge into one run, padding included:
       // padding holds zeros in values, gradients and state, and every update maps zeros to zeros.
       if (previous_included && segments.back().group == group && segments.back().step == next.step &&
@@ -132,9 +259,11 @@ void Optimizer::step() {
       present_[index] |= buffers_used(group_of_[index]);
     }
   }
+  discard_gradient_factors();
 }
 
 void Optimizer::zero_grad(bool set_to_undefined) {
+  discard_gradient_factors();
   for (const auto& group : groups_) {
     for (Parameter* parameter : group) parameter->zero_grad(set_to_undefined);
   }
@@ -253,9 +382,11 @@ void Optimizer::load_state(const io::SafetensorsReader& file) {
       differ("'", info.name, "': ", name(), " has no state buffer '", buffer_name, "'");
     } else if (parameter == nullptr || group_of_[parameter->index()] == kNoGroup) {
       differ("'", info.name, "': no optimized parameter '", parameter_name, "'");
-    } else if (info.shape != parameter->shape() || info.dtype != parameter->dtype()) {
+    } else if (info.shape != parameter->shape() || info.dtype != state_dtype(parameter->arena_index())) {
+      const DType expected = state_dtype(parameter->arena_index());
       differ("'", info.name, "' is ", dtype_name(info.dtype), shape_str(info.shape), " in the file, the parameter ",
-             dtype_name(parameter->dtype()), shape_str(parameter->shape()));
+             dtype_name(parameter->dtype()), shape_str(parameter->shape()),
+             expected != parameter->dtype() ? std::string(" with ") + dtype_name(expected) + " state" : std::string());
     } else if (new_steps[parameter->index()] == 0) {
       differ("'", info.name, "' holds state for a parameter with no recorded steps");
     } else {

@@ -21,11 +21,11 @@ constexpr std::size_t kMomentumBuffer = 0;
 
 }  // namespace
 
-SGD::SGD(ParameterRegistry& registry, const Options& options)
-    : SGD(registry, std::vector<Group>{{trainable_parameters(registry), options}}) {}
+SGD::SGD(ParameterRegistry& registry, const Options& options, MasterWeights master_weights)
+    : SGD(registry, std::vector<Group>{{trainable_parameters(registry), options}}, master_weights) {}
 
-SGD::SGD(ParameterRegistry& registry, std::vector<Group> groups)
-    : Optimizer(registry, internal::members(groups), {"momentum_buffer"}) {
+SGD::SGD(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights)
+    : Optimizer(registry, internal::members(groups), {"momentum_buffer"}, master_weights) {
   for (std::size_t group = 0; group < groups.size(); ++group) {
     validate(groups[group].options, group);
     options_.push_back(groups[group].options);
@@ -76,15 +76,16 @@ void SGD::update_arena(std::size_t arena, std::span<const Segment> segments) {
     const Options& o = options_[segment.group];
     needs_momentum |= o.momentum != 0.0;
     runs.push_back({segment.begin, segment.count, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov,
-                    o.maximize, /*first_step=*/!(segment.present & (1u << kMomentumBuffer))});
+                    o.maximize, /*first_step=*/!(segment.present & (1u << kMomentumBuffer)), segment.grad_unscale,
+                    segment.grad_clip});
   }
+  const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
   void* momentum = needs_momentum ? state_buffer(arena, kMomentumBuffer).data() : nullptr;
   if (parameters.device.is_cpu()) {
-    kernels::cpu::sgd_update(parameters.dtype, parameters.values.data(), parameters.grads.data(), momentum, runs);
+    kernels::cpu::sgd_update(buffers, momentum, runs);
   } else {
 #if GRADSYNC_WITH_CUDA
-    kernels::cuda::sgd_update(parameters.device, parameters.dtype, parameters.values.data(), parameters.grads.data(),
-                              momentum, runs);
+    kernels::cuda::sgd_update(parameters.device, buffers, momentum, runs);
 #else
     detail::throw_error("SGD: parameters on ", parameters.device.str(), " but gradsync was built without CUDA");
 #endif

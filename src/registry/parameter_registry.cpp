@@ -10,9 +10,10 @@ namespace gradsync {
 // ---------------------------------------------------------------------------------------------
 // Parameter
 
-Parameter::Parameter(std::string name, Shape shape, DType dtype, Device device, bool requires_grad, std::size_t index)
-    : name_(std::move(name)), shape_(std::move(shape)), numel_(shape_numel(shape_)), dtype_(dtype), device_(device),
-      requires_grad_(requires_grad), index_(index) {}
+Parameter::Parameter(std::string name, Shape shape, DType dtype, DType grad_dtype, Device device, bool requires_grad,
+                     std::size_t index)
+    : name_(std::move(name)), shape_(std::move(shape)), numel_(shape_numel(shape_)), dtype_(dtype),
+      grad_dtype_(grad_dtype), device_(device), requires_grad_(requires_grad), index_(index) {}
 
 void Parameter::require_finalized(const char* what) const {
   GRADSYNC_CHECK(value_.defined(), what, " of parameter '", name_,
@@ -41,17 +42,18 @@ const Tensor& Parameter::grad() const {
 
 void Parameter::set_grad(const Tensor& gradient) {
   require_trainable("set_grad");
-  GRADSYNC_CHECK(gradient.defined() && gradient.numel() == numel_ && gradient.dtype() == dtype_, "set_grad of parameter '",
-                 name_, "': gradient ", gradient.describe(), " does not match ", dtype_name(dtype_), shape_str(shape_));
+  GRADSYNC_CHECK(gradient.defined() && gradient.numel() == numel_ && gradient.dtype() == grad_dtype_,
+                 "set_grad of parameter '", name_, "': gradient ", gradient.describe(), " does not match ",
+                 dtype_name(grad_dtype_), shape_str(shape_));
   grad_.copy_from(gradient);
   grad_defined_ = true;
 }
 
 void Parameter::accumulate_grad(const Tensor& gradient) {
   require_trainable("accumulate_grad");
-  GRADSYNC_CHECK(gradient.defined() && gradient.numel() == numel_ && gradient.dtype() == dtype_,
+  GRADSYNC_CHECK(gradient.defined() && gradient.numel() == numel_ && gradient.dtype() == grad_dtype_,
                  "accumulate_grad of parameter '", name_, "': gradient ", gradient.describe(), " does not match ",
-                 dtype_name(dtype_), shape_str(shape_));
+                 dtype_name(grad_dtype_), shape_str(shape_));
   if (!grad_defined_) {
     grad_.copy_from(gradient);
     grad_defined_ = true;
@@ -93,7 +95,7 @@ void Parameter::mark_grad_defined() {
 // ParameterRegistry
 
 Parameter& ParameterRegistry::add(const std::string& name, const Shape& shape, DType dtype, Device device,
-                                  bool requires_grad) {
+                                  bool requires_grad, std::optional<DType> grad_dtype) {
   GRADSYNC_CHECK(!name.empty(), "cannot register a parameter with an empty name (shape ", shape_str(shape), ")");
   GRADSYNC_CHECK(!finalized_, "cannot register parameter '", name, "': the registry is already finalized");
   GRADSYNC_CHECK(!contains(name), "duplicate parameter name '", name, "'");
@@ -101,8 +103,14 @@ Parameter& ParameterRegistry::add(const std::string& name, const Shape& shape, D
     GRADSYNC_CHECK(extent > 0, "parameter '", name, "' has shape ", shape_str(shape),
                    ": every dimension must be positive");
   }
+  const DType gradient_dtype = grad_dtype.value_or(dtype);
+  if (gradient_dtype != dtype) {
+    GRADSYNC_CHECK(is_floating(dtype) && is_floating(gradient_dtype) && (dtype == DType::f16 || dtype == DType::bf16),
+                   "parameter '", name, "': a ", dtype_name(gradient_dtype), " gradient for a ", dtype_name(dtype),
+                   " parameter; only a f16/bf16 parameter may keep its gradient in another floating dtype");
+  }
   parameters_.push_back(std::unique_ptr<Parameter>(
-      new Parameter(name, shape, dtype, device, requires_grad, parameters_.size())));
+      new Parameter(name, shape, dtype, gradient_dtype, device, requires_grad, parameters_.size())));
   return *parameters_.back();
 }
 
@@ -110,20 +118,22 @@ void ParameterRegistry::finalize() {
   if (finalized_) return;
   GRADSYNC_CHECK(!parameters_.empty(), "cannot finalize an empty parameter registry");
 
-  // Group parameters by (device, dtype) in order of first appearance, laying each group out
-  // in registration order with aligned offsets.
+  // Group parameters by (device, dtype, gradient dtype) in order of first appearance, laying
+  // each group out in registration order with offsets aligned for both buffers.
   std::vector<std::size_t> arena_numel;
   for (const auto& parameter : parameters_) {
     auto match = std::find_if(arenas_.begin(), arenas_.end(), [&](const Arena& arena) {
-      return arena.device == parameter->device_ && arena.dtype == parameter->dtype_;
+      return arena.device == parameter->device_ && arena.dtype == parameter->dtype_ &&
+             arena.grad_dtype == parameter->grad_dtype_;
     });
     if (match == arenas_.end()) {
-      arenas_.push_back(Arena{parameter->device_, parameter->dtype_, {}, {}, {}});
+      arenas_.push_back(Arena{parameter->device_, parameter->dtype_, parameter->grad_dtype_, {}, {}, {}});
       arena_numel.push_back(0);
       match = arenas_.end() - 1;
     }
     const std::size_t arena_index = static_cast<std::size_t>(match - arenas_.begin());
-    const std::size_t alignment = kArenaAlignmentBytes / dtype_size(parameter->dtype_);
+    const std::size_t alignment =
+        kArenaAlignmentBytes / std::min(dtype_size(parameter->dtype_), dtype_size(parameter->grad_dtype_));
     const std::size_t offset = (arena_numel[arena_index] + alignment - 1) / alignment * alignment;
     parameter->arena_index_ = arena_index;
     parameter->arena_offset_ = offset;
@@ -135,7 +145,7 @@ void ParameterRegistry::finalize() {
     Arena& arena = arenas_[index];
     const auto numel = static_cast<std::int64_t>(arena_numel[index]);
     arena.values = Tensor::zeros({numel}, arena.dtype, arena.device);
-    arena.grads = Tensor::zeros({numel}, arena.dtype, arena.device);
+    arena.grads = Tensor::zeros({numel}, arena.grad_dtype, arena.device);
     for (const std::size_t parameter_index : arena.parameters) {
       Parameter& parameter = *parameters_[parameter_index];
       parameter.value_ = arena.values.view(parameter.arena_offset_, parameter.shape_);

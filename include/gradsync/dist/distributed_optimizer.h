@@ -71,6 +71,11 @@ class DistributedOptimizer {
   void synchronize();
   // synchronize() unless inside skip_synchronize(), then the wrapped optimizer's step.
   void step();
+  // Clipping by global norm in one call (optim/clip.h): synchronize(), then clip the reduced
+  // gradients, and the next step() does not synchronize again (what synchronize(), clip,
+  // skip_synchronize() { step() } does by hand). Returns the total norm, the same on every
+  // rank. With Adasum, which reduces inside step(), it clips each rank's local gradients.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
   // The wrapped zero_grad; an error while reductions are pending (after a backward, before
   // step() or synchronize()).
   void zero_grad(bool set_to_undefined = true);

@@ -30,6 +30,11 @@ struct RegistryLoadOptions {
   // Tolerate tensors in the file that belong to no parameter (e.g. optimizer state saved
   // in the same file). Off by default: an unexpected tensor is reported as a difference.
   bool allow_extra_tensors = false;
+  // Load a floating tensor of another dtype by converting it (round to nearest even when it
+  // narrows): an f32 checkpoint into a bf16 model, or back. Off by default, so that a dtype
+  // mismatch is reported. With mixed precision, Optimizer::load_master_weights() also keeps
+  // the f32 values as the master copy instead of their rounded 16-bit image.
+  bool convert_dtypes = false;
 };
 
 std::string grad_key(const std::string& parameter_name);

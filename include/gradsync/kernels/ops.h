@@ -25,4 +25,14 @@ void cast(const Tensor& source, Tensor& destination);           // convert dtype
 double dot(const Tensor& a, const Tensor& b);                    // sum a[i] * b[i]
 double squared_norm(const Tensor& x);                            // sum x[i]^2
 
+// One pass over v[i] = factor * x[i] (each product rounded in x's compute type, as an in-place
+// x.mul_(factor) would round it): the sum of squares and the largest |v[i]| accumulated in
+// double, and how many v[i] are inf or NaN. What clipping by norm and loss scaling need.
+struct NormStatistics {
+  double sum_of_squares = 0.0;
+  double max_abs = 0.0;
+  std::int64_t nonfinite = 0;
+};
+NormStatistics norm_statistics(const Tensor& x, double factor = 1.0);
+
 }  // namespace gradsync::ops

@@ -12,12 +12,13 @@
 //   model->initialize(/*seed=*/1);          // finalizes the registry, then initializes weights
 //
 // Tensors are [batch, features], row-major, f32 or f64, on the CPU (Eigen) or a CUDA device
-// (cuBLAS). backward() accumulates into the parameter gradients and marks each ready at once,
+// (cuBLAS). Parameters may also be f16/bf16 (mixed precision): such a layer computes in f32. backward() accumulates into the parameter gradients and marks each ready at once,
 // last layer first, so a data-parallel wrapper starts reducing while earlier layers compute.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,10 @@ namespace gradsync::nn {
 // y = x W^T + b, W [out, in], b [out], registered as "<name>.weight" and "<name>.bias".
 class Linear final : public Module {
  public:
+  // f16/bf16 parameters compute in f32 (inputs and outputs f32); their gradients are kept in
+  // `grad_dtype` (default: the parameter's dtype; f32 accumulates 16-bit models' gradients in f32).
   Linear(ParameterRegistry& registry, const std::string& name, std::int64_t in_features, std::int64_t out_features,
-         DType dtype = DType::f32, Device device = Device::cpu());
+         DType dtype = DType::f32, Device device = Device::cpu(), std::optional<DType> grad_dtype = std::nullopt);
   ParameterRegistry& registry() override { return registry_; }
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output) override;

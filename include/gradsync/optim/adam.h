@@ -29,8 +29,9 @@ class Adam : public Optimizer {
     Options options;
   };
 
-  Adam(ParameterRegistry& registry, const Options& options);
-  Adam(ParameterRegistry& registry, std::vector<Group> groups);
+  // MasterWeights::f32 is required for f16/bf16 parameters (see optimizer.h).
+  Adam(ParameterRegistry& registry, const Options& options, MasterWeights master_weights = MasterWeights::none);
+  Adam(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);
 
   const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
   const Options& options(std::size_t group) const;
@@ -39,7 +40,7 @@ class Adam : public Optimizer {
 
  protected:
   // AdamW's constructor: weight decay decoupled from the gradient.
-  Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decoupled);
+  Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decoupled, MasterWeights master_weights);
   void set_hyperparameters(std::size_t group, const Hyperparameters& values) override;
   std::uint32_t buffers_used(std::size_t group) const override;
   void update_arena(std::size_t arena, std::span<const Segment> segments) override;
@@ -58,8 +59,9 @@ class AdamW : public Adam {
     options.weight_decay = 1e-2;
     return options;
   }
-  AdamW(ParameterRegistry& registry, const Options& options = defaults());
-  AdamW(ParameterRegistry& registry, std::vector<Group> groups);
+  AdamW(ParameterRegistry& registry, const Options& options = defaults(),
+        MasterWeights master_weights = MasterWeights::none);
+  AdamW(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);
 };
 
 }  // namespace gradsync::optim

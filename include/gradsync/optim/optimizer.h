@@ -14,6 +14,18 @@
 //  * each parameter has its own step count (Adam's bias correction uses it);
 //  * zero_grad(set_to_undefined = true) undefines the gradients, false zero-fills them.
 //
+// Mixed precision (docs/mixed_precision.md): f16 and bf16 parameters are stepped through an
+// f32 *master copy* the optimizer owns (MasterWeights::f32). The master copy and every state
+// buffer of such an arena are f32; the fused pass updates the master value and writes its
+// rounded (nearest even) image into the model's 16-bit value in the same loop. Gradients may
+// be f16, bf16 or f32 (ParameterRegistry::add's grad_dtype). The master copy of a parameter is
+// taken from its 16-bit value at its first step, and again after a load_state() whose file
+// holds none; load_master_weights() sets it from an f32 checkpoint instead.
+//
+// Loss scaling and clipping (GradScaler, clip_grad_norm) do not rewrite the gradients: they
+// hand the optimizer factors (1/scale, the clip coefficient) that the next step() applies to
+// each gradient inside the same fused pass, rounding as PyTorch's in-place multiplies do.
+//
 // Subclasses (SGD, Adam, AdamW, or a user's own) supply the hyperparameters and the update;
 // the DistributedOptimizer wraps any of them through this interface.
 #pragma once
@@ -21,6 +33,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +46,24 @@ namespace gradsync::optim {
 
 // Hyperparameters as named numbers (booleans as 0/1): the form checkpoints and messages use.
 using Hyperparameters = std::map<std::string, double>;
+
+// Whether the optimizer keeps an f32 master copy of f16/bf16 parameters. Without one, a
+// 16-bit parameter is an error: updates of size lr * g vanish when rounded to 8 mantissa bits.
+// f32 and f64 parameters are their own master copy either way.
+enum class MasterWeights { none, f32 };
+
+// One pass over the optimized gradients, each multiplied by the pending unscale factor as the
+// step will see it: what clip_grad_norm and GradScaler need. Sums are accumulated in double.
+struct GradientStatistics {
+  double sum_of_squares = 0.0;
+  double max_abs = 0.0;
+  std::int64_t nonfinite = 0;                    // elements that are inf or NaN
+  std::vector<std::string> nonfinite_parameters;  // the parameters holding them, in order
+  bool finite() const { return nonfinite == 0; }
+};
+
+// The statistics of the defined gradients among `parameters`, each multiplied by `factor`.
+GradientStatistics gradient_statistics(std::span<Parameter* const> parameters, double factor = 1.0);
 
 class Optimizer {
  public:
@@ -56,6 +87,29 @@ class Optimizer {
 
   // Steps taken by this parameter (those with a defined gradient); 0 if never stepped.
   std::int64_t step_count(const Parameter& parameter) const;
+
+  // --- Mixed precision
+  MasterWeights master_weights() const { return master_weights_; }
+  // The f32 master copy of a 16-bit parameter (a view; writing it changes the next step's
+  // starting point), or an undefined Tensor for an f32/f64 parameter or before its first step.
+  Tensor master_weight(const Parameter& parameter) const;
+  // Sets the master copies of the 16-bit parameters from a checkpoint's tensors of the same
+  // names (any floating dtype, e.g. an f32 file), and rounds them into the model values.
+  // Returns how many were set; parameters absent from the file keep their master copy.
+  std::size_t load_master_weights(const io::SafetensorsReader& file);
+
+  // --- Gradient factors for the next step() (GradScaler and clip_grad_norm use them): each
+  // gradient is multiplied by unscale, then by clip, inside the fused pass. Both return to 1
+  // after step() and zero_grad(); discard_gradient_factors() does it by hand (a skipped step).
+  void defer_gradient_unscale(double factor);
+  void defer_gradient_clip(double factor);  // multiplies into an earlier clip factor
+  double pending_gradient_unscale() const { return grad_unscale_; }
+  double pending_gradient_clip() const { return grad_clip_; }
+  void discard_gradient_factors();
+  // Statistics of the optimized gradients (those defined) times the pending unscale factor.
+  // Computed once and kept until the gradients may change (step, zero_grad, a new unscale
+  // factor): clipping computes them, and the GradScaler's finite check reuses that pass.
+  const GradientStatistics& gradient_statistics();
   // The names of the state buffers this optimizer may keep ("momentum_buffer", "exp_avg", ...).
   const std::vector<std::string>& state_buffer_names() const { return buffer_names_; }
   // A view of one parameter's state buffer; an undefined Tensor while the buffer does not
@@ -84,12 +138,26 @@ class Optimizer {
     std::size_t group;
     std::int64_t step;
     std::uint32_t present;
+    double grad_unscale = 1.0;  // the pending gradient factors, the same for every segment
+    double grad_clip = 1.0;
+  };
+
+  // Where one arena's update reads and writes. Plain precision: params are the arena's values
+  // (f32/f64) and model is null. Mixed precision: params are the f32 master copy and model the
+  // arena's 16-bit values, to write (rounded) in the same pass. State buffers have param_dtype.
+  struct ArenaBuffers {
+    DType param_dtype;
+    void* params;
+    DType grad_dtype;
+    const void* grads;
+    DType model_dtype;
+    void* model;
   };
 
   // groups: the parameters of each group (every one trainable, of this registry, in at most
   // one group); buffer_names: the state buffers the subclass may request.
   Optimizer(ParameterRegistry& registry, std::vector<std::vector<Parameter*>> groups,
-            std::vector<std::string> buffer_names);
+            std::vector<std::string> buffer_names, MasterWeights master_weights = MasterWeights::none);
 
   // Replaces a group's hyperparameters after validating them (errors name the group and value).
   virtual void set_hyperparameters(std::size_t group, const Hyperparameters& values) = 0;
@@ -101,10 +169,14 @@ class Optimizer {
 
   // The state arena for (arena, buffer), created zero-filled on first request.
   Tensor& state_buffer(std::size_t arena, std::size_t buffer);
+  ArenaBuffers arena_buffers(std::size_t arena);
 
  private:
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
   void require_optimized(const Parameter& parameter, const char* what) const;
+  bool has_master(std::size_t arena) const { return master_buffer_ != kNoGroup && master_arena_[arena]; }
+  DType state_dtype(std::size_t arena) const;
+  void initialize_master_weights(std::size_t arena);
 
   ParameterRegistry& registry_;
   std::vector<std::vector<Parameter*>> groups_;
@@ -113,6 +185,12 @@ class Optimizer {
   std::vector<std::uint32_t> present_;        // per registry index: bit b = holds state in buffer b
   std::vector<std::string> buffer_names_;
   std::vector<std::vector<Tensor>> buffers_;  // [arena][buffer], undefined until requested
+  MasterWeights master_weights_;
+  std::size_t master_buffer_ = kNoGroup;  // index of the "master" buffer, when master weights are on
+  std::vector<bool> master_arena_;        // per arena: a 16-bit arena stepped through a master copy
+  double grad_unscale_ = 1.0;
+  double grad_clip_ = 1.0;
+  std::optional<GradientStatistics> statistics_;
 };
 
 // The registry's trainable parameters, in registration order: the default single group.

@@ -26,9 +26,10 @@ class SGD : public Optimizer {
     Options options;
   };
 
-  // Every trainable parameter of the registry, one group.
-  SGD(ParameterRegistry& registry, const Options& options);
-  SGD(ParameterRegistry& registry, std::vector<Group> groups);
+  // Every trainable parameter of the registry, one group. MasterWeights::f32 is required for
+  // f16/bf16 parameters (see optimizer.h).
+  SGD(ParameterRegistry& registry, const Options& options, MasterWeights master_weights = MasterWeights::none);
+  SGD(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);
 
   const char* name() const override { return "SGD"; }
   const Options& options(std::size_t group) const;

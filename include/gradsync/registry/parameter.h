@@ -22,6 +22,7 @@ class Parameter {
   const Shape& shape() const { return shape_; }
   std::int64_t numel() const { return numel_; }
   DType dtype() const { return dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }  // the gradient's dtype (usually dtype())
   Device device() const { return device_; }
   bool requires_grad() const { return requires_grad_; }
   std::size_t index() const { return index_; }  // registration order, identical on every rank
@@ -39,7 +40,7 @@ class Parameter {
   bool grad_defined() const { return grad_defined_; }
 
   // Gradient writes. Each marks the gradient defined.
-  //  * set_grad copies `gradient` in (any device, same dtype and element count).
+  //  * set_grad copies `gradient` in (any device, grad_dtype() and the element count).
   //  * accumulate_grad adds it, or copies it when the gradient was undefined.
   //  * grad_for_overwrite returns the buffer for the engine to write every element itself.
   //  * grad_for_accumulate returns the buffer for the engine to add into; an undefined
@@ -59,7 +60,8 @@ class Parameter {
 
  private:
   friend class ParameterRegistry;
-  Parameter(std::string name, Shape shape, DType dtype, Device device, bool requires_grad, std::size_t index);
+  Parameter(std::string name, Shape shape, DType dtype, DType grad_dtype, Device device, bool requires_grad,
+            std::size_t index);
   void require_finalized(const char* what) const;
   void require_trainable(const char* what) const;
 
@@ -67,6 +69,7 @@ class Parameter {
   Shape shape_;
   std::int64_t numel_;
   DType dtype_;
+  DType grad_dtype_;
   Device device_;
   bool requires_grad_;
   std::size_t index_;

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,13 +28,16 @@ namespace gradsync {
 // start (and the arena itself is 256-byte aligned): 64 f32 elements, 128 f16 elements.
 inline constexpr std::size_t kArenaAlignmentBytes = 256;
 
-// One (device, dtype) group: all its parameters' values in one buffer, their gradients in a
-// second buffer with the same layout. Padding between parameters is zero and stays zero.
+// One (device, dtype, gradient dtype) group: all its parameters' values in one buffer, their
+// gradients in a second buffer with the same element layout. Padding between parameters is
+// zero and stays zero.
 struct Arena {
   Device device;
-  DType dtype;
+  DType dtype;                          // of the values
+  DType grad_dtype;                     // of the gradients: usually dtype; f32 for a 16-bit
+                                        // model that accumulates its gradients in f32
   Tensor values;                        // 1-D, numel() elements including padding
-  Tensor grads;                         // same layout as values
+  Tensor grads;                         // same element layout as values, in grad_dtype
   std::vector<std::size_t> parameters;  // registry indices, in registration order
 };
 
@@ -45,10 +49,14 @@ class ParameterRegistry {
   ParameterRegistry(const ParameterRegistry&) = delete;
   ParameterRegistry& operator=(const ParameterRegistry&) = delete;
 
-  // Registers a parameter. Errors (each naming the parameter): empty or duplicate name, a
-  // zero-sized or negative dimension, registration after finalize().
+  // Registers a parameter. Its gradient has the parameter's dtype unless `grad_dtype` says
+  // otherwise: a bf16/f16 model may keep f32 gradients (Megatron's "main grads"), so that
+  // accumulation over micro-batches and the reduction run in f32. Errors (each naming the
+  // parameter): empty or duplicate name, a zero-sized or negative dimension, a non-floating
+  // gradient dtype or one that differs for an f32/f64 parameter, registration after finalize().
   Parameter& add(const std::string& name, const Shape& shape, DType dtype = DType::f32,
-                 Device device = Device::cpu(), bool requires_grad = true);
+                 Device device = Device::cpu(), bool requires_grad = true,
+                 std::optional<DType> grad_dtype = std::nullopt);
 
   // Allocates the arenas. Idempotent: a second call does nothing. An empty registry is an error.
   void finalize();

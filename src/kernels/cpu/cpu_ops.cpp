@@ -124,4 +124,43 @@ double dot(const void* a, const void* b, DType dtype, std::int64_t n) {
 
 double squared_norm(const void* x, DType dtype, std::int64_t n) { return dot(x, x, dtype, n); }
 
+// Lanes as in dot(). A NaN fails `magnitude <= max`, so "not (|v| <= largest finite)" counts
+// both infinities and NaNs without a branch, and the maximum only ever sees finite values.
+ops::NormStatistics norm_statistics(const void* x, DType dtype, std::int64_t n, double factor) {
+  return visit_dtype(dtype, [&]<typename T>(T) -> ops::NormStatistics {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      using C = compute_t<T>;
+      constexpr int kLanes = 8;
+      constexpr C kLargest = std::numeric_limits<C>::max();
+      const C scale = static_cast<C>(factor);
+      const T* values = static_cast<const T*>(x);
+      double sums[kLanes] = {};
+      C largest[kLanes] = {};
+      std::int64_t bad[kLanes] = {};
+      const auto visit = [&](int lane, std::int64_t i) {
+        const C v = load(values[i]) * scale;
+        const C magnitude = v < C(0) ? -v : v;
+        const bool finite = magnitude <= kLargest;
+        sums[lane] += static_cast<double>(v) * static_cast<double>(v);
+        largest[lane] = finite && magnitude > largest[lane] ? magnitude : largest[lane];
+        bad[lane] += finite ? 0 : 1;
+      };
+      std::int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        for (int lane = 0; lane < kLanes; ++lane) visit(lane, i + lane);
+      }
+      for (; i < n; ++i) visit(0, i);
+      ops::NormStatistics result;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        result.sum_of_squares += sums[lane];
+        result.max_abs = std::max(result.max_abs, static_cast<double>(largest[lane]));
+        result.nonfinite += bad[lane];
+      }
+      return result;
+    } else {
+      detail::throw_error("norm_statistics: ", dtype_name(dtype), " is not floating");
+    }
+  });
+}
+
 }  // namespace gradsync::kernels::cpu

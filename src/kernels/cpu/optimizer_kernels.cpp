@@ -10,6 +10,7 @@
 #include "../optimizer_math.h"
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "gradsync/core/error.h"
 
@@ -48,41 +49,25 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
-[[noreturn]] void unsupported(const char* optimizer, DType dtype) {
-  detail::throw_error(optimizer, ": parameters of dtype ", dtype_name(dtype),
-                      " are not supported (f32 and f64 are; keep f32 master weights for 16-bit models)");
-}
-
-template <typename T>
-void sgd_dispatch(void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
-#if defined(__x86_64__)
-  if (cpu_has_avx2_fma()) return avx2::sgd_segments<T>(params, grads, momentum, segments);
-#endif
-  baseline::sgd_segments<T>(params, grads, momentum, segments);
-}
-
-template <typename T>
-void adam_dispatch(void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
-                   std::span<const AdamSegment> segments) {
-#if defined(__x86_64__)
-  if (cpu_has_avx2_fma()) return avx2::adam_segments<T>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-#endif
-  baseline::adam_segments<T>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-}
-
 }  // namespace
 
-void sgd_update(DType dtype, void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
-  if (dtype == DType::f32) return sgd_dispatch<float>(params, grads, momentum, segments);
-  if (dtype == DType::f64) return sgd_dispatch<double>(params, grads, momentum, segments);
-  unsupported("SGD", dtype);
+void sgd_update(const UpdateBuffers& buffers, void* momentum, std::span<const SgdSegment> segments) {
+  visit_update_types(buffers, "SGD", [&]<typename T, typename G, typename M>(T, G, M*) {
+#if defined(__x86_64__)
+    if (cpu_has_avx2_fma()) return avx2::sgd_segments<T, G, M>(buffers, momentum, segments);
+#endif
+    baseline::sgd_segments<T, G, M>(buffers, momentum, segments);
+  });
 }
 
-void adam_update(DType dtype, void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
+void adam_update(const UpdateBuffers& buffers, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
                  std::span<const AdamSegment> segments) {
-  if (dtype == DType::f32) return adam_dispatch<float>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-  if (dtype == DType::f64) return adam_dispatch<double>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-  unsupported("Adam", dtype);
+  visit_update_types(buffers, "Adam", [&]<typename T, typename G, typename M>(T, G, M*) {
+#if defined(__x86_64__)
+    if (cpu_has_avx2_fma()) return avx2::adam_segments<T, G, M>(buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+#endif
+    baseline::adam_segments<T, G, M>(buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
+  });
 }
 
 }  // namespace gradsync::kernels::cpu

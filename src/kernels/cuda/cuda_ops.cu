@@ -77,6 +77,45 @@ __global__ void dot_kernel(const T* a, const T* b, std::int64_t n, double* parti
   if (threadIdx.x == 0) partial_sums[blockIdx.x] = block_sums[0];
 }
 
+// norm_statistics: the CPU's rule (src/kernels/cpu/cpu_ops.cpp) per thread, then a block
+// reduction of the three partials.
+struct NormPartial {
+  double sum;
+  double max_abs;
+  long long nonfinite;
+};
+
+template <typename T>
+__global__ void norm_statistics_kernel(const T* x, std::int64_t n, compute_t<T> factor, NormPartial* partials) {
+  using C = compute_t<T>;
+  __shared__ double sums[kThreads];
+  __shared__ double maxima[kThreads];
+  __shared__ long long bad[kThreads];
+  double sum = 0.0, largest = 0.0;
+  long long nonfinite = 0;
+  GRID_STRIDE_LOOP(i, n) {
+    const C v = load(x[i]) * factor;
+    const double magnitude = fabs(static_cast<double>(v));
+    const bool finite = magnitude <= (sizeof(C) == 4 ? 3.4028234663852886e38 : 1.7976931348623157e308);  // FLT_MAX, DBL_MAX
+    sum += static_cast<double>(v) * static_cast<double>(v);
+    largest = finite && magnitude > largest ? magnitude : largest;
+    nonfinite += finite ? 0 : 1;
+  }
+  sums[threadIdx.x] = sum;
+  maxima[threadIdx.x] = largest;
+  bad[threadIdx.x] = nonfinite;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      sums[threadIdx.x] += sums[threadIdx.x + stride];
+      maxima[threadIdx.x] = fmax(maxima[threadIdx.x], maxima[threadIdx.x + stride]);
+      bad[threadIdx.x] += bad[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = NormPartial{sums[0], maxima[0], bad[0]};
+}
+
 #undef GRID_STRIDE_LOOP
 
 }  // namespace
@@ -152,5 +191,32 @@ double dot(Device device, const void* a, const void* b, DType dtype, std::int64_
 }
 
 double squared_norm(Device device, const void* x, DType dtype, std::int64_t n) { return dot(device, x, x, dtype, n); }
+
+ops::NormStatistics norm_statistics(Device device, const void* x, DType dtype, std::int64_t n, double factor) {
+  ops::NormStatistics result;
+  if (n == 0) return result;
+  DeviceScope scope(device);
+  const int blocks = blocks_for(n, kMaxReductionBlocks);
+  NormPartial* partials = nullptr;
+  GRADSYNC_CUDA_CHECK(cudaMalloc(&partials, sizeof(NormPartial) * blocks));
+  visit_dtype(dtype, [&]<typename T>(T) {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      norm_statistics_kernel<T><<<blocks, kThreads>>>(static_cast<const T*>(x), n, static_cast<compute_t<T>>(factor),
+                                                       partials);
+    }
+  });
+  std::vector<NormPartial> host(blocks);
+  const cudaError_t launch = cudaGetLastError();
+  const cudaError_t copy = cudaMemcpy(host.data(), partials, sizeof(NormPartial) * blocks, cudaMemcpyDeviceToHost);
+  cudaFree(partials);
+  GRADSYNC_CUDA_CHECK(launch);
+  GRADSYNC_CUDA_CHECK(copy);
+  for (const NormPartial& partial : host) {
+    result.sum_of_squares += partial.sum;
+    result.max_abs = std::max(result.max_abs, partial.max_abs);
+    result.nonfinite += partial.nonfinite;
+  }
+  return result;
+}
 
 }  // namespace gradsync::kernels::cuda

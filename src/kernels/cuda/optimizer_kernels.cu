@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "../../core/cuda_check.h"
 #include "device_scope.h"
@@ -26,31 +27,40 @@ struct SegmentBatch {
   Scalars scalars[kMaxSegmentsPerLaunch];
 };
 
-template <typename T>
-__global__ void sgd_kernel(SegmentBatch<SgdScalars<T>> batch, T* params, const T* grads, T* momentum) {
+// T: param/state type; G: gradient storage; M: model copy storage (void: none). See
+// src/kernels/optimizer_kernels.h for the mixed-precision pass.
+template <typename M, typename T>
+__device__ inline void write_model(M* model, std::int64_t i, T value) {
+  if constexpr (!std::is_void_v<M>) model[i] = store<M>(value);
+}
+
+template <typename T, typename G, typename M>
+__global__ void sgd_kernel(SegmentBatch<SgdScalars<T>> batch, T* params, const G* grads, T* momentum, M* model) {
   const int segment = blockIdx.y;
   const SgdScalars<T> s = batch.scalars[segment];
   const std::int64_t begin = batch.begin[segment];
   const std::int64_t end = begin + batch.length[segment];
   for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
        i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
-    sgd_element(s, params[i], grads[i], s.use_momentum ? &momentum[i] : nullptr);
+    sgd_element(s, params[i], static_cast<T>(load(grads[i])), s.use_momentum ? &momentum[i] : nullptr);
+    write_model(model, i, params[i]);
   }
 }
 
-template <typename T>
-__global__ void adam_kernel(SegmentBatch<AdamScalars<T>> batch, T* params, const T* grads, T* exp_avg, T* exp_avg_sq,
-                            T* max_exp_avg_sq) {
+template <typename T, typename G, typename M>
+__global__ void adam_kernel(SegmentBatch<AdamScalars<T>> batch, T* params, const G* grads, T* exp_avg, T* exp_avg_sq,
+                            T* max_exp_avg_sq, M* model) {
   const int segment = blockIdx.y;
   const AdamScalars<T> s = batch.scalars[segment];
   const std::int64_t begin = batch.begin[segment];
   const std::int64_t end = begin + batch.length[segment];
   for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
        i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
-    adam_element(s, params[i], grads[i], exp_avg[i], exp_avg_sq[i], s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
+    adam_element(s, params[i], static_cast<T>(load(grads[i])), exp_avg[i], exp_avg_sq[i],
+                 s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
+    write_model(model, i, params[i]);
   }
 }
-
 
 // Packs segments into batches and launches `launch(batch, grid)` for each: enough x-blocks
 // for the largest segment in the batch (a few waves), one y-row per segment.
@@ -76,42 +86,31 @@ void launch_batches(std::span<const Segment> segments, ScalarsOf scalars_of, Lau
   }
 }
 
-template <typename T>
-void sgd_typed(void* params, const void* grads, void* momentum, std::span<const SgdSegment> segments) {
-  launch_batches<T>(segments, [](const SgdSegment& s) { return sgd_scalars<T>(s); },
-                    [&](const SegmentBatch<SgdScalars<T>>& batch, dim3 grid) {
-                      sgd_kernel<T><<<grid, kThreads>>>(batch, static_cast<T*>(params), static_cast<const T*>(grads),
-                                                        static_cast<T*>(momentum));
-                    });
-}
-
-template <typename T>
-void adam_typed(void* params, const void* grads, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
-                std::span<const AdamSegment> segments) {
-  launch_batches<T>(segments, [](const AdamSegment& s) { return adam_scalars<T>(s); },
-                    [&](const SegmentBatch<AdamScalars<T>>& batch, dim3 grid) {
-                      adam_kernel<T><<<grid, kThreads>>>(batch, static_cast<T*>(params), static_cast<const T*>(grads),
-                                                         static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
-                                                         static_cast<T*>(max_exp_avg_sq));
-                    });
-}
-
 }  // namespace
 
-void sgd_update(Device device, DType dtype, void* params, const void* grads, void* momentum,
-                std::span<const SgdSegment> segments) {
+void sgd_update(Device device, const UpdateBuffers& b, void* momentum, std::span<const SgdSegment> segments) {
   DeviceScope scope(device);
-  if (dtype == DType::f32) return sgd_typed<float>(params, grads, momentum, segments);
-  if (dtype == DType::f64) return sgd_typed<double>(params, grads, momentum, segments);
-  detail::throw_error("SGD on ", device.str(), ": parameters of dtype ", dtype_name(dtype), " are not supported");
+  visit_update_types(b, "SGD", [&]<typename T, typename G, typename M>(T, G, M*) {
+    launch_batches<T>(segments, [](const SgdSegment& s) { return sgd_scalars<T>(s); },
+                      [&](const SegmentBatch<SgdScalars<T>>& batch, dim3 grid) {
+                        sgd_kernel<T, G, M><<<grid, kThreads>>>(batch, static_cast<T*>(b.params),
+                                                                static_cast<const G*>(b.grads),
+                                                                static_cast<T*>(momentum), static_cast<M*>(b.model));
+                      });
+  });
 }
 
-void adam_update(Device device, DType dtype, void* params, const void* grads, void* exp_avg, void* exp_avg_sq,
-                 void* max_exp_avg_sq, std::span<const AdamSegment> segments) {
+void adam_update(Device device, const UpdateBuffers& b, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
+                 std::span<const AdamSegment> segments) {
   DeviceScope scope(device);
-  if (dtype == DType::f32) return adam_typed<float>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-  if (dtype == DType::f64) return adam_typed<double>(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, segments);
-  detail::throw_error("Adam on ", device.str(), ": parameters of dtype ", dtype_name(dtype), " are not supported");
+  visit_update_types(b, "Adam", [&]<typename T, typename G, typename M>(T, G, M*) {
+    launch_batches<T>(segments, [](const AdamSegment& s) { return adam_scalars<T>(s); },
+                      [&](const SegmentBatch<AdamScalars<T>>& batch, dim3 grid) {
+                        adam_kernel<T, G, M><<<grid, kThreads>>>(
+                            batch, static_cast<T*>(b.params), static_cast<const G*>(b.grads), static_cast<T*>(exp_avg),
+                            static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq), static_cast<M*>(b.model));
+                      });
+  });
 }
 
 }  // namespace gradsync::kernels::cuda
