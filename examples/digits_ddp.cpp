@@ -15,8 +15,11 @@
 //   4. Each microbatch runs inside nn::SyncContext with the chosen strategy (single, multi,
 //      forced, auto): the backward signals each layer's gradients, last layer first, and the
 //      buckets reduce while earlier layers still compute.
-//   5. One optimizer step per global batch; each epoch prints the loss, the held-out accuracy,
-//      samples/s and the elapsed time (run_training in common/).
+//   5. One optimizer step per global batch, ended the same way for every precision
+//      (Training::finish_step): with --precision fp16 the loss gradient was multiplied by the
+//      loss scale and the step is skipped when a gradient overflowed; with --clip-norm the
+//      synchronized gradients are clipped to that global norm first. Each epoch prints the loss,
+//      the held-out accuracy, samples/s and the elapsed time (run_training in common/).
 //
 //   mpirun -np 2 build/examples/digits_ddp                    (scripts/run.sh does this)
 //   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo --microbatches 2 --sync-strategy forced
@@ -27,6 +30,7 @@
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
+#include "gradsync/optim/clip.h"
 
 using namespace gradsync;
 
@@ -60,10 +64,11 @@ int main(int argc, char** argv) try {
   // with another --optimizer or --lr would otherwise train apart silently).
   dist::require_same_optimizer(*training->optimizer, *training->comm, "digits_ddp");
   if (training->comm->rank() == 0 && !options.quiet) {
-    std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s, global batch %lld = %d x "
+    std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s in %s, global batch %lld = %d x "
                 "%lld microbatch(es) of %lld, sync %s\n",
                 training->comm->size(), training->comm->backend(), training->device.str().c_str(),
                 training->split.train.size(), training->split.heldout.size(), options.optimizer.c_str(),
+                options.precision.c_str(),
                 static_cast<long long>(options.batch), training->comm->size(), static_cast<long long>(options.passes),
                 static_cast<long long>(training->micro), dist::sync_strategy_name(strategy));
   }
@@ -75,13 +80,16 @@ int main(int argc, char** argv) try {
       nn::SyncContext sync(*model, mb + 1 == options.passes, strategy);
       const std::int64_t begin = first_row + mb * training->micro;
       const examples::Batch batch = examples::gather(training->data, order, begin, begin + training->micro, training->device);
-      const nn::LossResult loss = nn::softmax_cross_entropy(model->forward(batch.images), batch.labels,
-                                                            1.0 / static_cast<double>(training->local_batch));
+      const nn::LossResult loss = nn::softmax_cross_entropy(
+          model->forward(batch.images), batch.labels, training->loss_scale() / static_cast<double>(training->local_batch));
       model->backward(loss.grad);  // signals each gradient; synchronized backwards reduce as they go
       sync.close();                // FORCED reduces everything here, after the last microbatch
       step_loss += loss.loss / static_cast<double>(options.passes);
     }
-    training->optimizer->step();
+    // The backward has synchronized the gradients: every rank clips the same ones alike.
+    training->finish_step(
+        options, [&](double max_norm) { return optim::clip_grad_norm(*training->optimizer, max_norm); },
+        [&] { training->optimizer->step(); });
     training->optimizer->zero_grad();
     return step_loss;
   };

@@ -8,52 +8,36 @@
 //     the reduction, then one step;
 //   * --compression none|fp16|bf16 and --op average|sum|adasum (adasum reduces the deltas of a
 //     local step, as Horovod's Adasum optimizer; it needs a power-of-two number of ranks);
-//   * gradient clipping the Horovod way (--clip-norm): synchronize(), clip the now-global
-//     gradient, then step() under skip_synchronize() so nothing is reduced twice.
+//   * gradient clipping (--clip-norm) through DistributedOptimizer::clip_grad_norm, which does
+//     what Horovod users write by hand: synchronize(), clip the now-global gradient, then step()
+//     without synchronizing again;
+//   * --precision bf16|fp16: 16-bit weights and gradients (reduced in 16 bits), f32 master
+//     weights; fp16 adds loss scaling, and a step whose gradients overflowed is skipped on
+//     every rank.
 //
 //   mpirun -np 2 build/examples/horovod_style --backward-passes-per-step 2 --compression fp16 --clip-norm 1
-#include <cmath>
 #include <cstdio>
 
 #include "common/trainer_support.h"
 #include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/kernels/ops.h"
 #include "gradsync/nn/loss.h"
+#include "gradsync/optim/clip.h"
 
 using namespace gradsync;
-
-namespace {
-
-// Scales every gradient so that their global norm is at most max_norm. After synchronize()
-// every rank holds the same reduced gradients, so every rank clips the same way.
-void clip_gradients(ParameterRegistry& registry, double max_norm) {
-  double sum = 0;
-  for (const Parameter& parameter : registry) {
-    if (parameter.grad_defined()) sum += ops::squared_norm(parameter.grad());
-  }
-  const double norm = std::sqrt(sum);
-  if (norm <= max_norm) return;
-  for (Parameter& parameter : registry) {
-    if (parameter.grad_defined()) ops::scale(parameter.grad_for_overwrite(), max_norm / norm);
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("horovod_style flags:\n  --backward-passes-per-step 1   --compression none|fp16|bf16   "
-                "--op average|sum|adasum   --clip-norm C (0: off)\n%s\n",
+                "--op average|sum|adasum\n%s\n",
                 examples::kCommonHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--backward-passes-per-step");
   const dist::Compression compression = dist::parse_compression(flags.text("--compression", "none"));
   const dist::Op op = dist::parse_op(flags.text("--op", "average"));
-  const double clip_norm = flags.number("--clip-norm", 0.0);
   flags.finish();
-  GRADSYNC_CHECK(!(clip_norm > 0 && op == dist::Op::adasum),
+  GRADSYNC_CHECK(!(options.clip_norm > 0 && op == dist::Op::adasum),
                  "--clip-norm does not combine with --op adasum: Adasum reduces the deltas of a local step inside "
                  "step(), so there is no reduced gradient to clip (Horovod's Adasum optimizer has no skip_synchronize)");
 
@@ -67,9 +51,10 @@ int main(int argc, char** argv) try {
                                         .backward_passes_per_step = static_cast<int>(options.passes),
                                         .op = op});
   if (comm.rank() == 0 && !options.quiet) {
-    std::printf("horovod_style: %d rank(s) on %s, op %s, compression %s, %lld backward pass(es) per step, clip %g, %s\n",
+    std::printf("horovod_style: %d rank(s) on %s, op %s, compression %s, %lld backward pass(es) per step, clip %g, %s in %s\n",
                 comm.size(), comm.backend(), dist::op_name(op), dist::compression_name(compression),
-                static_cast<long long>(options.passes), clip_norm, options.optimizer.c_str());
+                static_cast<long long>(options.passes), options.clip_norm, options.optimizer.c_str(),
+                options.precision.c_str());
   }
 
   const auto step = [&](const std::vector<std::int64_t>& order, std::int64_t first_row) {
@@ -77,18 +62,24 @@ int main(int argc, char** argv) try {
     for (std::int64_t pass = 0; pass < options.passes; ++pass) {
       const std::int64_t begin = first_row + pass * training->micro;
       const examples::Batch batch = examples::gather(training->data, order, begin, begin + training->micro, training->device);
-      const nn::LossResult loss = nn::softmax_cross_entropy(training->model->forward(batch.images), batch.labels,
-                                                            1.0 / static_cast<double>(training->local_batch));
+      const nn::LossResult loss =
+          nn::softmax_cross_entropy(training->model->forward(batch.images), batch.labels,
+                                    training->loss_scale() / static_cast<double>(training->local_batch));
       training->model->backward(loss.grad);  // each gradient signals ready; the k-th pass launches the reduction
       step_loss += loss.loss / static_cast<double>(options.passes);
     }
-    if (clip_norm > 0) {
+    const auto step_now = [&] { optimizer.step(); };
+    if (training->scaler && op != dist::Op::adasum) {
+      // The loss scaler checks the reduced gradients for inf/NaN before the step: reduce them
+      // first, then step without reducing again (Horovod's synchronize / skip_synchronize).
       optimizer.synchronize();
-      clip_gradients(training->registry, clip_norm);
       auto guard = optimizer.skip_synchronize();
-      optimizer.step();
+      training->finish_step(
+          options, [&](double max_norm) { return optim::clip_grad_norm(*training->optimizer, max_norm); }, step_now);
     } else {
-      optimizer.step();
+      // clip_grad_norm synchronizes, clips, and leaves step() nothing to reduce. (Adasum steps
+      // locally first: the scaler checks each rank's own gradients and the ranks agree.)
+      training->finish_step(options, [&](double max_norm) { return optimizer.clip_grad_norm(max_norm); }, step_now);
     }
     optimizer.zero_grad();
     return step_loss;

@@ -2,6 +2,8 @@
 #include "trainer_support.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -148,29 +150,30 @@ Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::i
 }
 
 std::shared_ptr<nn::Sequential> make_mlp(ParameterRegistry& registry, std::int64_t features, std::int64_t hidden,
-                                         std::int64_t classes, Device device, std::uint64_t seed) {
+                                         std::int64_t classes, Device device, std::uint64_t seed, DType dtype) {
   auto model = std::make_shared<nn::Sequential>(registry);
-  model->add<nn::Linear>("fc1", features, hidden, DType::f32, device);
+  model->add<nn::Linear>("fc1", features, hidden, dtype, device);
   model->add<nn::ReLU>();
-  model->add<nn::Linear>("fc2", hidden, classes, DType::f32, device);
+  model->add<nn::Linear>("fc2", hidden, classes, dtype, device);
   model->initialize(seed);
   return model;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, ParameterRegistry& registry, double lr,
-                                                 double momentum) {
+                                                 double momentum, optim::MasterWeights master_weights) {
   if (name == "sgd") {
-    return std::make_unique<optim::SGD>(registry, optim::SGD::Options{.lr = lr, .momentum = momentum, .dampening = 0.0,
-                                                                      .weight_decay = 0.0, .nesterov = false,
-                                                                      .maximize = false});
+    return std::make_unique<optim::SGD>(registry,
+                                        optim::SGD::Options{.lr = lr, .momentum = momentum, .dampening = 0.0,
+                                                            .weight_decay = 0.0, .nesterov = false, .maximize = false},
+                                        master_weights);
   }
   const optim::Adam::Options adam{.lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
                                   .amsgrad = false, .maximize = false};
-  if (name == "adam") return std::make_unique<optim::Adam>(registry, adam);
+  if (name == "adam") return std::make_unique<optim::Adam>(registry, adam, master_weights);
   if (name == "adamw") {
     optim::Adam::Options decoupled = adam;
     decoupled.weight_decay = 0.01;
-    return std::make_unique<optim::AdamW>(registry, decoupled);
+    return std::make_unique<optim::AdamW>(registry, decoupled, master_weights);
   }
   detail::throw_error("unknown optimizer '", name, "': expected sgd, adam or adamw");
 }
@@ -187,7 +190,7 @@ double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::i
 }
 
 void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
-                     const Progress& progress) {
+                     const Progress& progress, const optim::GradScaler* scaler) {
   std::vector<io::NamedTensor> tensors;
   for (const Parameter& parameter : registry) tensors.push_back({parameter.name(), parameter.value()});
   for (io::NamedTensor& state : optimizer.state_tensors()) tensors.push_back(std::move(state));
@@ -195,13 +198,16 @@ void save_checkpoint(const std::string& path, const ParameterRegistry& registry,
   metadata["epoch"] = std::to_string(progress.epoch);
   metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
   metadata["global_step"] = std::to_string(progress.global_step);
+  if (scaler != nullptr) metadata.merge(scaler->state_metadata());
   io::save_safetensors(path, tensors, metadata);
 }
 
-Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer) {
+Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
+                         optim::GradScaler* scaler) {
   // Both loads validate everything before they change anything; the weights first.
   const io::Metadata metadata = io::load_registry(registry, path, {.load_grads = false, .allow_extra_tensors = true});
   optimizer.load_state(io::SafetensorsReader(path));
+  if (scaler != nullptr && metadata.contains("grad_scaler.scale")) scaler->load_state(metadata);
   Progress progress;
   try {
     progress.epoch = std::stoi(metadata.at("epoch"));
@@ -223,9 +229,11 @@ Metrics::~Metrics() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void Metrics::step(std::int64_t step, int epoch, double loss) {
+void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm) {
   if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f}\n", static_cast<long long>(step), epoch, loss);
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f", static_cast<long long>(step), epoch, loss);
+  if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
+  std::fprintf(file_, "}\n");
   std::fflush(file_);
 }
 
@@ -255,6 +263,7 @@ void require_identical_replicas(comm::Communicator& comm, const ParameterRegistr
 }
 
 const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu|cuda   --optimizer sgd|adam|adamw   --lr (0.05 sgd, else 0.003)
+  --precision f32|bf16|fp16 (16-bit weights, f32 master weights; fp16 adds loss scaling)   --clip-norm C (0: off)
   --momentum 0.9   --epochs 20   --batch 64 (global)   --hidden 64   --seed 1
   --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
@@ -285,6 +294,11 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.min_accuracy = flags.number("--min-accuracy", -1);
   o.check_replicas = flags.flag("--check-replicas");
   o.quiet = flags.flag("--quiet");
+  o.precision = flags.text("--precision", "f32");
+  GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
+                 ": expected f32, bf16 or fp16");
+  o.clip_norm = flags.number("--clip-norm", 0.0);
+  GRADSYNC_CHECK(o.clip_norm >= 0.0, "--clip-norm ", o.clip_norm, " must not be negative");
   return o;
 }
 
@@ -304,11 +318,37 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   t->steps_per_epoch = static_cast<std::int64_t>(t->split.train.size()) / world / t->local_batch;
   GRADSYNC_CHECK(t->steps_per_epoch > 0, "a global batch of ", options.batch, " is larger than the training set (",
                  t->split.train.size(), " samples)");
-  t->model = make_mlp(t->registry, t->data.features, options.hidden, t->data.classes, t->device, options.seed);
-  t->optimizer = make_optimizer(options.optimizer, t->registry, options.lr, options.momentum);
-  if (!options.init.empty()) io::load_registry(t->registry, options.init);
-  if (!options.resume.empty()) t->progress = load_checkpoint(options.resume, t->registry, *t->optimizer);
+  // Mixed precision: 16-bit weights and gradients (what is stored and communicated), f32 master
+  // weights in the optimizer; fp16's narrow exponent range also needs loss scaling.
+  const DType dtype = options.precision == "bf16" ? DType::bf16 : options.precision == "fp16" ? DType::f16 : DType::f32;
+  t->model = make_mlp(t->registry, t->data.features, options.hidden, t->data.classes, t->device, options.seed, dtype);
+  t->optimizer = make_optimizer(options.optimizer, t->registry, options.lr, options.momentum,
+                                dtype == DType::f32 ? optim::MasterWeights::none : optim::MasterWeights::f32);
+  if (dtype == DType::f16) t->scaler = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, t->comm.get());
+  // --init may be an f32 file for a 16-bit model: the model gets the rounded values, the master
+  // weights the exact ones.
+  if (!options.init.empty()) {
+    io::load_registry(t->registry, options.init, {.convert_dtypes = true});
+    t->optimizer->load_master_weights(io::SafetensorsReader(options.init));
+  }
+  if (!options.resume.empty()) {
+    t->progress = load_checkpoint(options.resume, t->registry, *t->optimizer, t->scaler.get());
+  }
   return t;
+}
+
+double Training::loss_scale() const { return scaler ? scaler->scale() : 1.0; }
+
+void Training::finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
+                           const std::function<void()>& step) {
+  if (scaler) scaler->unscale(*optimizer);  // deferred: clipping sees the unscaled gradients
+  last_grad_norm = options.clip_norm > 0 ? clip(options.clip_norm) : std::numeric_limits<double>::quiet_NaN();
+  if (scaler) {
+    scaler->step(*optimizer, step);  // skipped, on every rank, when a gradient overflowed
+    scaler->update();
+  } else {
+    step();
+  }
 }
 
 int run_training(Training& t, const TrainerOptions& options, const std::string& name,
@@ -330,7 +370,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
       loss_sum += loss * static_cast<double>(t.local_batch);
       samples += t.local_batch;
       t.progress = {epoch, s + 1, t.progress.global_step + 1};
-      metrics.step(t.progress.global_step, epoch + 1, loss);
+      metrics.step(t.progress.global_step, epoch + 1, loss, t.last_grad_norm);
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
         break;
@@ -352,7 +392,9 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     }
   }
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
-  if (!options.save.empty() && rank == 0) save_checkpoint(options.save, t.registry, *t.optimizer, t.progress);
+  if (!options.save.empty() && rank == 0) {
+    save_checkpoint(options.save, t.registry, *t.optimizer, t.progress, t.scaler.get());
+  }
   comm.barrier();  // the checkpoint is complete before any rank reports success
   if (rank == 0) std::printf("final held-out accuracy: %.2f%%\n", accuracy * 100);
   if (options.min_accuracy >= 0 && accuracy < options.min_accuracy) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,6 +16,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/nn/layers.h"
+#include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"
 
 namespace gradsync::examples {
@@ -70,13 +72,17 @@ struct Batch {
 Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
              Device device);
 
-// features -> hidden -> ReLU -> classes, layers "fc1" and "fc2", PyTorch's initialization.
+// features -> hidden -> ReLU -> classes, layers "fc1" and "fc2", PyTorch's initialization,
+// parameters (and gradients) of `dtype`: f32, or bf16/f16 for mixed precision.
 std::shared_ptr<nn::Sequential> make_mlp(ParameterRegistry& registry, std::int64_t features, std::int64_t hidden,
-                                         std::int64_t classes, Device device, std::uint64_t seed);
+                                         std::int64_t classes, Device device, std::uint64_t seed,
+                                         DType dtype = DType::f32);
 
-// "sgd" (momentum 0.9 unless --momentum), "adam", "adamw".
+// "sgd" (momentum 0.9 unless --momentum), "adam", "adamw"; with f32 master weights for a
+// 16-bit model.
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, ParameterRegistry& registry, double lr,
-                                                 double momentum);
+                                                 double momentum,
+                                                 optim::MasterWeights master_weights = optim::MasterWeights::none);
 
 // Accuracy of the model on the held-out rows (local: every rank holds the same weights).
 double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::int64_t>& rows, Device device);
@@ -91,9 +97,11 @@ struct Progress {
   std::int64_t step_in_epoch = 0;
   std::int64_t global_step = 0;
 };
+// With fp16, the loss scaler's state rides along in the metadata.
 void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
-                     const Progress& progress);
-Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer);
+                     const Progress& progress, const optim::GradScaler* scaler = nullptr);
+Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
+                         optim::GradScaler* scaler = nullptr);
 
 // One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
 // the path is empty; only rank 0 writes.
@@ -101,7 +109,8 @@ class Metrics {
  public:
   Metrics(const std::string& path, bool writer);
   ~Metrics();
-  void step(std::int64_t step, int epoch, double loss);
+  // grad_norm: the total gradient norm before clipping, written when it is a number.
+  void step(std::int64_t step, int epoch, double loss, double grad_norm);
   void epoch(std::int64_t step, int epoch, double loss, double accuracy);
 
  private:
@@ -113,8 +122,10 @@ class Metrics {
 // The flags common to the trainers (each adds its own before calling finish()).
 struct TrainerOptions {
   std::string backend, optimizer, data, init, save, resume, metrics;
+  std::string precision = "f32";  // f32 | bf16 | fp16 (16-bit parameters, f32 master weights)
   Device device;
   double lr = 0, momentum = 0, input_scale = 1, holdout = 0, min_accuracy = -1;
+  double clip_norm = 0;  // clip gradients to this global norm (0: off)
   int epochs = 0;
   std::int64_t batch = 0, hidden = 0, max_steps = -1, passes = 1;
   std::uint64_t seed = 1;
@@ -138,7 +149,17 @@ struct Training {
   ParameterRegistry registry;
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::GradScaler> scaler;  // fp16 only: dynamic loss scaling
   Progress progress;
+  double last_grad_norm = std::numeric_limits<double>::quiet_NaN();  // the last step's total norm (NaN: not clipping)
+
+  // The factor the loss gradient is multiplied by before the backward (the loss scale).
+  double loss_scale() const;
+  // The end of every trainer's step, for every precision: the loss scaler's unscale (fp16),
+  // clipping (--clip-norm) through `clip(max_norm)`, which returns the total norm, then
+  // `step()` (skipped when fp16 gradients overflowed on any rank) and the scaler's update.
+  void finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
+                   const std::function<void()>& step);
 };
 std::unique_ptr<Training> prepare_training(const TrainerOptions& options);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
-# CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop.
+# CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop
+# mixed_precision clip_norm.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -55,5 +56,28 @@ case $case_name in
       --optimizer sgd --momentum 0 --lr 0.1 --batch 64 --microbatches 2 --no-shuffle --holdout 0 --hidden 16 \
       --max-steps 25 --epochs 100 --quiet --save "$scratch/ours.safetensors"
     "$compare" "$fixture/final.safetensors" "$scratch/ours.safetensors" 1e-5 ;;
+  mixed_precision)  # 16-bit weights with f32 master weights reach the same target; fp16 resumes exactly
+    "${mpirun[@]}" "$examples/digits_ddp" --precision bf16 --epochs 20 --seed 1 --min-accuracy 0.95 --quiet --check-replicas
+    "${mpirun[@]}" "$examples/digits_ddp" --precision fp16 --epochs 20 --seed 1 --min-accuracy 0.95 --quiet --check-replicas
+    "$source/scripts/launch.sh" 2 "$examples/horovod_style" --backend gloo --precision fp16 --clip-norm 1 --epochs 20 \
+      --min-accuracy 0.95 --quiet --check-replicas
+    common=(--precision fp16 --optimizer adam --quiet)  # weights, master weights, moments, loss scale
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 30 --save "$scratch/straight.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 11 --save "$scratch/half.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 30 --resume "$scratch/half.safetensors" \
+      --save "$scratch/resumed.safetensors"
+    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+    echo "fp16 resumed run matches the uninterrupted run byte for byte" ;;
+  clip_norm)  # the total norm the trainers report equals an independent computation: one process
+              # over the same 64 samples (no shuffling: rank r's half is rows r, r+2, ...), no reduction
+    norm_of() { grep '"grad_norm"' "$1" | head -1 | sed 's/.*"grad_norm": \([0-9.eE+-]*\).*/\1/'; }
+    common=(--no-shuffle --max-steps 1 --clip-norm 0.1 --quiet)
+    "$examples/digits_ddp" --backend gloo "${common[@]}" --metrics "$scratch/one.jsonl"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --metrics "$scratch/ddp.jsonl"
+    "$source/scripts/launch.sh" 2 "$examples/horovod_style" --backend gloo "${common[@]}" --metrics "$scratch/hvd.jsonl"
+    one=$(norm_of "$scratch/one.jsonl"); ddp=$(norm_of "$scratch/ddp.jsonl"); hvd=$(norm_of "$scratch/hvd.jsonl")
+    echo "total norm at step 1: one process $one, DataParallel $ddp, DistributedOptimizer $hvd"
+    awk -v a="$one" -v b="$ddp" -v c="$hvd" 'function rel(x, y) { return (x > y ? x - y : y - x) / y }
+      BEGIN { exit !(a > 0.1 && rel(b, a) < 1e-6 && rel(c, a) < 1e-6) }' ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac
