@@ -10,6 +10,8 @@
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/optim/clip.h"
+#include "gradsync/optim/grad_scaler.h"
 
 namespace gradsync {
 namespace {
@@ -375,6 +377,51 @@ TEST(DataParallel, VerificationAndInitialBroadcast) {
     EXPECT_EQ(w.value().to_double_vector(), rank0.to_double_vector());
     EXPECT_EQ(buffer.value().to_double_vector(), (std::vector<double>{0, 0}));
   });
+}
+
+}  // namespace
+}  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// Clipping by global norm after DataParallel's synchronized backward, with a bf16 model, f32
+// master weights and one unused parameter (undefined everywhere, skipped by the norm): every
+// rank computes the same total, equal to the norm of the mean gradient computed here by hand,
+// and the step uses the clipped mean.
+TEST(DataParallel, ClipGradNormAfterTheSynchronizedBackward) {
+  for (const int size : {1, 2, 3}) {
+    comm::run_gloo_thread_group(size, [](Communicator& comm) {
+      ParameterRegistry registry;
+      Parameter& a = registry.add("a", {3}, DType::bf16);
+      Parameter& unused = registry.add("unused", {2}, DType::bf16);
+      Parameter& b = registry.add("b", {2}, DType::bf16, Device::cpu(), true, DType::f32);
+      registry.finalize();
+      DataParallel ddp(registry, comm, {.find_unused_parameters = true});
+      optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0}, optim::MasterWeights::f32);
+      // Rank r's gradients: small integers (exact in bf16, exact sums).
+      const double r = comm.rank();
+      a.set_grad(Tensor::from_vector(std::vector<double>{1 + r, -2, 2 * r}, {3}).to(DType::bf16));
+      b.set_grad(Tensor::from_vector(std::vector<double>{4 * r, 3}, {2}).to(DType::f32));
+      ddp.begin_backward();
+      registry.mark_ready(b);
+      registry.mark_ready(a);
+      ddp.end_backward();
+      // Independently: the mean over ranks of each element, then the norm.
+      const double n = comm.size();
+      const double mean_r = (n - 1) / 2;
+      const std::vector<double> mean{1 + mean_r, -2, 2 * mean_r, 4 * mean_r, 3};
+      double sum = 0;
+      for (const double value : mean) sum += value * value;
+      const double total = optim::clip_grad_norm(sgd, 1.0);
+      EXPECT_NEAR(total, std::sqrt(sum), 1e-6 * std::sqrt(sum)) << "rank " << comm.rank();
+      EXPECT_FALSE(unused.grad_defined());
+      sgd.step();
+      const double coefficient = static_cast<float>(1.0 / (std::sqrt(sum) + 1e-6));
+      EXPECT_NEAR(sgd.master_weight(b).to_double_vector()[1], -3 * coefficient, 1e-6);
+      EXPECT_EQ(sgd.master_weight(unused).defined(), false);  // never stepped
+    });
+  }
 }
 
 }  // namespace

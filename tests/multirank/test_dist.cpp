@@ -11,6 +11,8 @@
 #include "dist_scenarios.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/optim/clip.h"
+#include "gradsync/optim/grad_scaler.h"
 
 namespace gradsync {
 namespace {
@@ -652,6 +654,65 @@ TEST(DistributedOptimizer, WorldOfOneStepsPlainly) {
     registry.mark_ready(p);
     optimizer.step();
     testing::expect_near_vectors("p", p.value().to_double_vector(), {-0.1, -0.2}, 1e-7);
+  });
+}
+
+}  // namespace
+}  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// DistributedOptimizer::clip_grad_norm: one call that synchronizes, clips the reduced gradient
+// and leaves step() nothing to reduce (Sum would double it) and nothing to warn about.
+TEST_P(DistWorld, ClipGradNormInOneCall) {
+  const int size = GetParam();
+  std::atomic<int> warnings{0};
+  const WarningHandler previous = set_warning_handler([&](const std::string&) { ++warnings; });
+  comm::run_gloo_thread_group(size, [](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& p = registry.add("p", {2});
+    registry.finalize();
+    optim::SGD sgd(registry, plain_sgd(1.0));
+    DistributedOptimizer optimizer(sgd, comm, {.op = Op::sum});
+    p.set_grad(Tensor::from_vector(std::vector<float>{3.0f, 4.0f}, {2}));  // the sum: 3N, 4N; norm 5N
+    registry.mark_ready(p);
+    const double total = optimizer.clip_grad_norm(1.0);
+    EXPECT_DOUBLE_EQ(total, 5.0 * comm.size());
+    optimizer.step();
+    const float coefficient = static_cast<float>(1.0 / (5.0 * comm.size() + 1e-6));
+    EXPECT_FLOAT_EQ(static_cast<float>(p.value().to_double_vector()[0]), -3.0f * comm.size() * coefficient);
+    optimizer.zero_grad();
+    // The next window synchronizes as usual.
+    p.set_grad(Tensor::from_vector(std::vector<float>{1.0f, 0.0f}, {2}));
+    registry.mark_ready(p);
+    optimizer.step();
+  });
+  set_warning_handler(previous);
+  EXPECT_EQ(warnings.load(), 0);
+}
+
+// The loss scaler's inf/NaN check is collective: an overflow on one rank only (gradients not
+// reduced, as with a sharded or local step) makes every rank skip, and the scales stay equal.
+TEST_P(DistWorld, GradScalerSkipsOnEveryRankWhenOneOverflows) {
+  comm::run_gloo_thread_group(GetParam(), [](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& p = registry.add("p", {2}, DType::f16);
+    registry.finalize();
+    p.value().copy_from(Tensor::from_vector(std::vector<float>{1.0f, 1.0f}, {2}).to(DType::f16));
+    optim::SGD sgd(registry, plain_sgd(0.5), optim::MasterWeights::f32);
+    optim::GradScaler scaler({}, &comm);
+    const bool overflow = comm.rank() == comm.size() - 1;
+    p.set_grad(Tensor::from_vector(std::vector<float>{overflow ? INFINITY : 1.0f, 1.0f}, {2}).to(DType::f16));
+    EXPECT_FALSE(scaler.step(sgd)) << "rank " << comm.rank();
+    scaler.update();
+    EXPECT_EQ(scaler.scale(), 32768.0);
+    EXPECT_EQ(p.value().to_double_vector(), (std::vector<double>{1.0, 1.0}));
+    // A clean step afterwards: 1/scale applied inside the step.
+    sgd.zero_grad();
+    p.set_grad(Tensor::from_vector(std::vector<float>{32768.0f, 0.0f}, {2}).to(DType::f16));
+    EXPECT_TRUE(scaler.step(sgd));
+    EXPECT_EQ(sgd.master_weight(p).to_double_vector(), (std::vector<double>{0.5, 1.0}));
   });
 }
 
