@@ -1,9 +1,12 @@
-// bench_optimizers: SGD-momentum and Adam steps over one arena of N f32 parameters, against
-// memory bandwidth measured in the same run.
+// bench_optimizers: SGD-momentum and Adam steps over one arena of N parameters, f32 and mixed
+// precision, against memory bandwidth measured in the same run.
 //
 // An optimizer step is memory-bound: bytes per parameter as counted in
 // shared/reference/anchors.md 3.2 are 20 for SGD with momentum (read p, g, buf; write p,
 // buf) and 28 for Adam (read p, g, m, v; write p, m, v). Effective bandwidth = bytes / time.
+// Mixed precision (bf16 or f16 parameters and gradients, f32 master weights and moments) moves
+// the same 28 bytes for Adam: read g (2) and master, m, v (12); write master, m, v (12) and the
+// 16-bit model copy (2), all in one pass; SGD 20 (g 2, master 8, momentum 8, model 2).
 // The ceiling is a STREAM-style triad done in place, a[i] += s * c[i], over arrays of the
 // same size (12 bytes per element), the best of several runs; a plain copy is printed beside it.
 //
@@ -11,6 +14,8 @@
 //
 // benchmarks/torch_optimizers.py runs torch.optim on the same sizes and prints the ratios.
 #include <cstdio>
+#include <memory>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -55,9 +60,9 @@ int main(int argc, char** argv) try {
     }
   }
   const int repetitions = device.is_cpu() ? 5 : 20;
-  std::printf("bench_optimizers on %s, f32, single thread on the CPU\n", device.str().c_str());
-  std::printf("%-9s %-13s %9s %9s %10s %10s %10s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",
-              "vs triad", "copy GB/s");
+  std::printf("bench_optimizers on %s, single thread on the CPU\n", device.str().c_str());
+  std::printf("%-9s %-13s %9s %9s %10s %10s %10s %9s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",
+              "vs triad", "copy GB/s", "vs copy");
   for (const std::int64_t mi : sizes_mi) {
     const std::int64_t n = mi << 20;
     // Ceilings on arrays of n floats.
@@ -82,25 +87,42 @@ int main(int argc, char** argv) try {
     b = Tensor();
     c = Tensor();
 
-    ParameterRegistry registry;
-    registry.add("weights", {n}, DType::f32, device);
-    registry.finalize();
-    Parameter& weights = registry.at("weights");
-    ops::fill(weights.value(), 0.5);
-    ops::fill(weights.grad_for_overwrite(), 1e-3);
-
-    optim::SGD sgd(registry, optim::SGD::Options{.lr = 1e-3, .momentum = 0.9});
-    optim::Adam adam(registry, optim::Adam::Options{.lr = 1e-3});
-    struct Row {
-      const char* name;
-      double bytes_per_parameter;
-      optim::Optimizer* optimizer;
+    // One registry per precision: the model's dtype, its gradients' dtype, f32 master weights
+    // for the 16-bit ones.
+    struct Model {
+      const char* label;
+      DType dtype;
+      ParameterRegistry registry;
     };
-    for (const Row& row : {Row{"sgd_momentum", 20, &sgd}, Row{"adam", 28, &adam}}) {
-      const double seconds = bench::best_seconds(repetitions, device, [&] { row.optimizer->step(); });
-      const double rate = bench::gigabytes_per_second(row.bytes_per_parameter * static_cast<double>(n), seconds);
-      std::printf("%-9s %-13s %9.2f %9.1f %10.1f %9.2fx %10.1f\n", (std::to_string(mi) + "Mi").c_str(), row.name,
-                  seconds * 1e3, rate, triad_rate, rate / triad_rate, copy_rate);
+    std::vector<std::unique_ptr<Model>> models;
+    for (const auto& [label, dtype] : {std::pair{"", DType::f32}, std::pair{"_bf16", DType::bf16},
+                                       std::pair{"_fp16", DType::f16}}) {
+      auto model = std::make_unique<Model>();
+      model->label = label;
+      model->dtype = dtype;
+      Parameter& weights = model->registry.add("weights", {n}, dtype, device);
+      model->registry.finalize();
+      ops::fill(weights.value(), 0.5);
+      ops::fill(weights.grad_for_overwrite(), 1e-3);
+      models.push_back(std::move(model));
+    }
+    for (const auto& model : models) {
+      const auto master = model->dtype == DType::f32 ? optim::MasterWeights::none : optim::MasterWeights::f32;
+      optim::SGD sgd(model->registry, optim::SGD::Options{.lr = 1e-3, .momentum = 0.9}, master);
+      optim::Adam adam(model->registry, optim::Adam::Options{.lr = 1e-3}, master);
+      struct Row {
+        std::string name;
+        double bytes_per_parameter;
+        optim::Optimizer* optimizer;
+      };
+      for (const Row& row : {Row{std::string("sgd_momentum") + model->label, 20, &sgd},
+                             Row{std::string("adam") + model->label, 28, &adam}}) {
+        row.optimizer->step();  // the first step creates the state (and takes the master copy)
+        const double seconds = bench::best_seconds(repetitions, device, [&] { row.optimizer->step(); });
+        const double rate = bench::gigabytes_per_second(row.bytes_per_parameter * static_cast<double>(n), seconds);
+        std::printf("%-9s %-13s %9.2f %9.1f %10.1f %9.2fx %10.1f %8.2fx\n", (std::to_string(mi) + "Mi").c_str(),
+                    row.name.c_str(), seconds * 1e3, rate, triad_rate, rate / triad_rate, copy_rate, rate / copy_rate);
+      }
     }
   }
   return 0;

@@ -38,58 +38,58 @@ GRADSYNC_HOST_DEVICE inline float bits_float(std::uint32_t bits) {
   return value;
 }
 
+// condition ? a : b with arithmetic instead of a branch: compilers keep a ternary on integers as
+// a jump often enough to stop a loop from vectorizing; this form they cannot.
+GRADSYNC_HOST_DEVICE inline std::uint32_t select_bits(bool condition, std::uint32_t a, std::uint32_t b) {
+  return b ^ ((a ^ b) & (0u - static_cast<std::uint32_t>(condition)));
+}
+
 // f32 -> bf16: keep the top 16 bits, rounding the dropped 16 to nearest even.
 GRADSYNC_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float value) {
   const std::uint32_t bits = float_bits(value);
   // Adding 0x7FFF plus the lowest kept bit rounds half-way cases towards an even result.
   const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  // NaN becomes the canonical quiet NaN, as c10 does. A select, not a branch, so that
-  // loops over arrays vectorize.
+  // NaN becomes the canonical quiet NaN, as c10 does.
   const bool is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  return static_cast<std::uint16_t>(is_nan ? 0x7FC0u : rounded);
+  return static_cast<std::uint16_t>(select_bits(is_nan, 0x7FC0u, rounded));
 }
 
 GRADSYNC_HOST_DEVICE inline float bf16_bits_to_float(std::uint16_t bits) {
   return bits_float(static_cast<std::uint32_t>(bits) << 16);
 }
 
-// f32 -> f16 (1 sign, 5 exponent, 10 mantissa bits).
+// f32 -> f16 (1 sign, 5 exponent, 10 mantissa bits). Every case is computed and the right one
+// selected, without branches, so that loops over arrays vectorize.
 GRADSYNC_HOST_DEVICE inline std::uint16_t float_to_half_bits(float value) {
   const std::uint32_t bits = float_bits(value);
   const std::uint32_t sign = (bits >> 16) & 0x8000u;
   const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
-
-  if (magnitude >= 0x7F800000u) {  // inf stays inf; NaN becomes the canonical quiet NaN
-    return static_cast<std::uint16_t>(sign | (magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  }
-  if (magnitude >= 0x477FF000u) {  // rounds to a value >= 65520: overflow to infinity
-    return static_cast<std::uint16_t>(sign | 0x7C00u);
-  }
-  if (magnitude < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
-    // Let the FPU do the rounding: adding 0.5 aligns the f16 subnormal grid (spacing 2^-24)
-    // with the f32 mantissa's last bit, and the addition rounds to nearest even.
-    const float shifted = bits_float(magnitude) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (float_bits(shifted) - 0x3F000000u));
-  }
-  // Normal range: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits.
+  // Normal range: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to
+  // nearest even. (Wraps around for small magnitudes, which select the subnormal result.)
   const std::uint32_t odd = (magnitude >> 13) & 1u;
-  const std::uint32_t rebased = magnitude - (static_cast<std::uint32_t>(127 - 15) << 23) + 0xFFFu + odd;
-  return static_cast<std::uint16_t>(sign | (rebased >> 13));
+  const std::uint32_t normal = (magnitude - (static_cast<std::uint32_t>(127 - 15) << 23) + 0xFFFu + odd) >> 13;
+  // Below the smallest normal f16 (2^-14): subnormal or zero. Adding 0.5 aligns the f16
+  // subnormal grid (spacing 2^-24) with the f32 mantissa's last bit, and the FPU's addition
+  // rounds to nearest even.
+  const std::uint32_t subnormal = float_bits(bits_float(magnitude) + 0.5f) - 0x3F000000u;
+  std::uint32_t result = select_bits(magnitude < 0x38800000u, subnormal, normal);
+  result = select_bits(magnitude >= 0x477FF000u, 0x7C00u, result);  // rounds to >= 65520: overflow to infinity
+  result = select_bits(magnitude > 0x7F800000u, 0x7E00u, result);   // NaN: the canonical quiet NaN
+  return static_cast<std::uint16_t>(sign | result);
 }
 
+// f16 -> f32, exact; branch-free like the other direction.
 GRADSYNC_HOST_DEVICE inline float half_bits_to_float(std::uint16_t half) {
   const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
   const std::uint32_t exponent = (half >> 10) & 0x1Fu;
   const std::uint32_t mantissa = half & 0x03FFu;
-  if (exponent == 0x1Fu) {  // inf, or a NaN made quiet (as the F16C instruction does)
-    const std::uint32_t quiet = mantissa != 0 ? 0x00400000u : 0u;
-    return bits_float(sign | 0x7F800000u | quiet | (mantissa << 13));
-  }
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in f32
-    const float value = static_cast<float>(mantissa) * bits_float(0x33800000u);  // 2^-24
-    return bits_float(sign | float_bits(value));
-  }
-  return bits_float(sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13));
+  const std::uint32_t normal = ((exponent + (127 - 15)) << 23) | (mantissa << 13);
+  // inf, or a NaN made quiet (as the F16C instruction does)
+  const std::uint32_t special = 0x7F800000u | select_bits(mantissa != 0, 0x00400000u, 0u) | (mantissa << 13);
+  // zero or subnormal: mantissa * 2^-24, exact in f32
+  const std::uint32_t tiny = float_bits(static_cast<float>(mantissa) * bits_float(0x33800000u));
+  const std::uint32_t magnitude = select_bits(exponent == 0x1Fu, special, select_bits(exponent == 0, tiny, normal));
+  return bits_float(sign | magnitude);
 }
 
 }  // namespace gradsync

@@ -10,6 +10,7 @@
 #include "../optimizer_math.h"
 #include <cstdlib>
 #include <string_view>
+#include <algorithm>
 #include <type_traits>
 
 #include "gradsync/core/error.h"
