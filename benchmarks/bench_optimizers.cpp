@@ -61,7 +61,7 @@ int main(int argc, char** argv) try {
   }
   const int repetitions = device.is_cpu() ? 5 : 20;
   std::printf("bench_optimizers on %s, single thread on the CPU\n", device.str().c_str());
-  std::printf("%-9s %-13s %9s %9s %10s %10s %10s %9s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",
+  std::printf("%-9s %-17s %9s %9s %10s %10s %10s %9s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",
               "vs triad", "copy GB/s", "vs copy");
   for (const std::int64_t mi : sizes_mi) {
     const std::int64_t n = mi << 20;
@@ -120,7 +120,7 @@ int main(int argc, char** argv) try {
         row.optimizer->step();  // the first step creates the state (and takes the master copy)
         const double seconds = bench::best_seconds(repetitions, device, [&] { row.optimizer->step(); });
         const double rate = bench::gigabytes_per_second(row.bytes_per_parameter * static_cast<double>(n), seconds);
-        std::printf("%-9s %-13s %9.2f %9.1f %10.1f %9.2fx %10.1f %8.2fx\n", (std::to_string(mi) + "Mi").c_str(),
+        std::printf("%-9s %-17s %9.2f %9.1f %10.1f %9.2fx %10.1f %8.2fx\n", (std::to_string(mi) + "Mi").c_str(),
                     row.name.c_str(), seconds * 1e3, rate, triad_rate, rate / triad_rate, copy_rate, rate / copy_rate);
       }
     }
