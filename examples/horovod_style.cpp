@@ -69,7 +69,7 @@ int main(int argc, char** argv) try {
       step_loss += loss.loss / static_cast<double>(options.passes);
     }
     const auto step_now = [&] { optimizer.step(); };
-    if (training->scaler && op != dist::Op::adasum) {
+    if (training->scaler) {
       // The loss scaler checks the reduced gradients for inf/NaN before the step: reduce them
       // first, then step without reducing again (Horovod's synchronize / skip_synchronize).
       optimizer.synchronize();
@@ -77,8 +77,7 @@ int main(int argc, char** argv) try {
       training->finish_step(
           options, [&](double max_norm) { return optim::clip_grad_norm(*training->optimizer, max_norm); }, step_now);
     } else {
-      // clip_grad_norm synchronizes, clips, and leaves step() nothing to reduce. (Adasum steps
-      // locally first: the scaler checks each rank's own gradients and the ranks agree.)
+      // clip_grad_norm synchronizes, clips, and leaves step() nothing to reduce.
       training->finish_step(options, [&](double max_norm) { return optimizer.clip_grad_norm(max_norm); }, step_now);
     }
     optimizer.zero_grad();

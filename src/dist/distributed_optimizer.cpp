@@ -117,6 +117,15 @@ struct DistributedOptimizer::Impl {
     }
     std::sort(parameters.begin(), parameters.end(),
               [](const Parameter* a, const Parameter* b) { return a->index() < b->index(); });
+    if (options.op == Op::adasum) {
+      for (const Parameter* parameter : parameters) {
+        GRADSYNC_CHECK(parameter->dtype() != DType::f16 && parameter->dtype() != DType::bf16,
+                       "Adasum with f32 master weights is not supported: parameter '", parameter->name(), "' is ",
+                       dtype_name(parameter->dtype()), ", and Adasum combines the deltas of a local step in the "
+                       "model's values, which the optimizer's f32 master copy would not see. Use op Average or Sum "
+                       "for mixed precision");
+      }
+    }
     name_parameters();
     for (Parameter* parameter : options.sparse_parameters) {
       GRADSYNC_CHECK(parameter != nullptr && name_of.count(parameter), "sparse_parameters: ",

@@ -426,3 +426,42 @@ TEST(DataParallel, ClipGradNormAfterTheSynchronizedBackward) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// A NaN gradient on one rank reaches every rank through the allreduce, and clipping with
+// error_if_nonfinite raises the same error on every rank, naming the parameter.
+TEST(DataParallel, NonFiniteNormIsTheSameErrorOnEveryRank) {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  comm::run_gloo_thread_group(3, [&](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& a = registry.add("a", {2});
+    Parameter& b = registry.add("b", {2});
+    registry.finalize();
+    DataParallel ddp(registry, comm);
+    optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0});
+    a.set_grad(Tensor::from_vector(std::vector<float>{1.0f, 2.0f}, {2}));
+    b.set_grad(Tensor::from_vector(std::vector<float>{comm.rank() == 1 ? NAN : 1.0f, 2.0f}, {2}));
+    ddp.begin_backward();
+    registry.mark_ready(b);
+    registry.mark_ready(a);
+    ddp.end_backward();
+    try {
+      optim::clip_grad_norm(sgd, 1.0, 2.0, true);
+      ADD_FAILURE() << "rank " << comm.rank() << " clipped a NaN norm";
+    } catch (const Error& error) {
+      std::lock_guard<std::mutex> lock(mutex);
+      messages.push_back(error.what());
+    }
+  });
+  ASSERT_EQ(messages.size(), 3u);
+  for (const std::string& message : messages) {
+    EXPECT_EQ(message, messages[0]);
+    EXPECT_NE(message.find("in 'b'"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace gradsync

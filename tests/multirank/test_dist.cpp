@@ -718,3 +718,19 @@ TEST_P(DistWorld, GradScalerSkipsOnEveryRankWhenOneOverflows) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+TEST(DistributedOptimizer, AdasumRefusesMasterWeights) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {4}, DType::bf16);
+    registry.finalize();
+    optim::SGD sgd(registry, plain_sgd(0.1), optim::MasterWeights::f32);
+    EXPECT_GRADSYNC_ERROR(DistributedOptimizer(sgd, comm, {.op = Op::adasum}), "Adasum", "'w'", "master");
+  });
+}
+
+}  // namespace
+}  // namespace gradsync
