@@ -22,14 +22,12 @@ using namespace gradsync;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) try {
-  std::int64_t mib = 256;
-  fs::path folder = fs::temp_directory_path();
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--mib") mib = std::stoll(argv[i + 1]);
-    else if (flag == "--dir") folder = argv[i + 1];
-    else throw Error("unknown flag " + flag);
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_checkpoint [--mib N (256)] [--dir PATH (the temp folder)]\n"
+                           "  saves and loads a registry of N MiB as safetensors against write()+fsync() and read()",
+                           {"--mib", "--dir"});
+  const std::int64_t mib = flags.integer("--mib", 256);
+  const fs::path folder = flags.text("--dir", fs::temp_directory_path().string());
   // A model-like registry: 32 layers of weight and bias, mib MiB of f32 in all.
   ParameterRegistry registry;
   const std::int64_t layers = 32;

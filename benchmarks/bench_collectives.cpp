@@ -242,16 +242,15 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string backend = "mpi";
-  std::string torch_path;
-  std::int64_t max_bytes = 64 << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--backend") backend = argv[i + 1];
-    else if (flag == "--max-bytes") max_bytes = std::stoll(argv[i + 1]);
-    else if (flag == "--torch") torch_path = argv[i + 1];
-    else throw Error("unknown flag " + flag + " (--backend mpi|gloo|nccl, --max-bytes N, --torch FILE)");
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_collectives [--backend mpi|gloo|nccl (mpi)] [--max-bytes N (64 MiB)] [--torch FILE]\n"
+                           "  allreduce, allgather and broadcast from 4 B to N bytes, ours against the raw library call\n"
+                           "  (and torch.distributed with --torch FILE from benchmarks/torch_collectives.py); run on\n"
+                           "  several ranks: mpirun -np 2 ..., or scripts/launch.sh 2 ... --backend gloo",
+                           {"--backend", "--max-bytes", "--torch"});
+  const std::string backend = flags.text("--backend", "mpi");
+  const std::string torch_path = flags.text("--torch", "");
+  const std::int64_t max_bytes = flags.integer("--max-bytes", 64 << 20);
   const TorchTable torch = read_torch_table(torch_path);
   if (backend == "mpi") {
     auto comm = comm::connect("mpi");

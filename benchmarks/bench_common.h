@@ -5,9 +5,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gradsync/core/device.h"
+#include "gradsync/core/error.h"
 
 namespace gradsync::bench {
 
@@ -27,5 +33,60 @@ inline double best_seconds(int repetitions, Device device, const std::function<v
 }
 
 inline double gigabytes_per_second(double bytes, double seconds) { return bytes / seconds / 1e9; }
+
+// A benchmark's command line, checked before anything runs: `--name value` for the flags in
+// `valued`, bare `--name` for those in `switches`. --help (or -h) prints `usage` and exits 0;
+// an unknown flag, or a valued one without its value, is an error naming it.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const char* usage, std::set<std::string> valued, std::set<std::string> switches = {}) {
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        std::printf("%s\n", usage);
+        std::exit(0);
+      }
+      if (switches.contains(flag)) {
+        set_.insert(flag);
+      } else if (valued.contains(flag)) {
+        GRADSYNC_CHECK(i + 1 < argc, "flag ", flag, " needs a value (--help lists the flags)");
+        values_[flag] = argv[++i];
+      } else {
+        detail::throw_error("unknown flag '", flag, "' (--help lists the flags)");
+      }
+    }
+  }
+  std::string text(const std::string& name, const std::string& fallback) const {
+    const auto found = values_.find(name);
+    return found == values_.end() ? fallback : found->second;
+  }
+  long long integer(const std::string& name, long long fallback) const {
+    const auto found = values_.find(name);
+    if (found == values_.end()) return fallback;
+    try {
+      std::size_t used = 0;
+      const long long value = std::stoll(found->second, &used);
+      if (used == found->second.size()) return value;
+    } catch (const std::exception&) {
+    }
+    detail::throw_error("flag ", name, " '", found->second, "' is not an integer");
+  }
+  double number(const std::string& name, double fallback) const {
+    const auto found = values_.find(name);
+    if (found == values_.end()) return fallback;
+    try {
+      std::size_t used = 0;
+      const double value = std::stod(found->second, &used);
+      if (used == found->second.size()) return value;
+    } catch (const std::exception&) {
+    }
+    detail::throw_error("flag ", name, " '", found->second, "' is not a number");
+  }
+  bool flag(const std::string& name) const { return set_.contains(name); }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> set_;
+};
 
 }  // namespace gradsync::bench

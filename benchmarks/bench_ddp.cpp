@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 
+#include "bench_common.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/nn/data_parallel_module.h"
@@ -65,21 +66,22 @@ std::map<std::pair<std::string, int>, double> read_torch(const std::string& path
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string microbatch_list = "1,4", strategy_list = "single,multi,forced", torch_path, backend = "auto";
-  int layers = 24, width = 1024, batch = 8, steps = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const std::string value = argv[i + 1];
-    if (flag == "--microbatches") microbatch_list = value;
-    else if (flag == "--strategies") strategy_list = value;
-    else if (flag == "--layers") layers = std::stoi(value);
-    else if (flag == "--width") width = std::stoi(value);
-    else if (flag == "--batch") batch = std::stoi(value);  // samples per microbatch
-    else if (flag == "--steps") steps = std::stoi(value);
-    else if (flag == "--torch") torch_path = value;
-    else if (flag == "--backend") backend = value;
-    else throw Error("unknown flag " + flag);
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_ddp [--backend auto|mpi|gloo] [--microbatches 1,4] [--strategies single,multi,forced]\n"
+                           "          [--layers 24] [--width 1024] [--batch 8 (samples per microbatch)] [--steps 5]\n"
+                           "          [--torch FILE (from benchmarks/torch_ddp.py)]\n"
+                           "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
+                           "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
+                           {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
+                            "--backend"});
+  const std::string microbatch_list = flags.text("--microbatches", "1,4");
+  const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
+  const std::string torch_path = flags.text("--torch", "");
+  const std::string backend = flags.text("--backend", "auto");
+  const int layers = static_cast<int>(flags.integer("--layers", 24));
+  const int width = static_cast<int>(flags.integer("--width", 1024));
+  const int batch = static_cast<int>(flags.integer("--batch", 8));
+  const int steps = static_cast<int>(flags.integer("--steps", 5));
   auto comm = comm::connect(backend);
   const auto torch = read_torch(torch_path);
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "bench_common.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/kernels/ops.h"
@@ -72,22 +73,20 @@ double run_steps(const Settings& settings, ParameterRegistry& registry, const st
 
 int main(int argc, char** argv) try {
   Settings settings;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const auto value = [&] {
-      if (i + 1 >= argc) throw Error("flag " + flag + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (flag == "--backend") settings.backend = value();
-    else if (flag == "--layers") settings.layers = std::stoi(value());
-    else if (flag == "--layer-elements") settings.layer_elements = std::stoll(value());
-    else if (flag == "--compute-ms") settings.compute_ms = std::stod(value());
-    else if (flag == "--busy") settings.busy = true;
-    else if (flag == "--steps") settings.steps = std::stoi(value());
-    else if (flag == "--fusion-mib") settings.fusion_mib = std::stod(value());
-    else throw Error("unknown flag " + flag +
-                     " (--backend, --layers, --layer-elements, --compute-ms, --busy, --steps, --fusion-mib)");
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_distributed [--backend auto|mpi|gloo] [--layers N] [--layer-elements N]\n"
+                           "                  [--compute-ms MS] [--busy] [--steps N] [--fusion-mib MIB]\n"
+                           "  the DistributedOptimizer's step against the raw allreduce of the same bytes; run on\n"
+                           "  several ranks (mpirun -np 2 ...)",
+                           {"--backend", "--layers", "--layer-elements", "--compute-ms", "--steps", "--fusion-mib"},
+                           {"--busy"});
+  settings.backend = flags.text("--backend", settings.backend);
+  settings.layers = static_cast<int>(flags.integer("--layers", settings.layers));
+  settings.layer_elements = flags.integer("--layer-elements", settings.layer_elements);
+  settings.compute_ms = flags.number("--compute-ms", settings.compute_ms);
+  settings.busy = flags.flag("--busy") || settings.busy;
+  settings.steps = static_cast<int>(flags.integer("--steps", settings.steps));
+  settings.fusion_mib = flags.number("--fusion-mib", settings.fusion_mib);
   auto comm = comm::connect(settings.backend);
   ParameterRegistry registry;
   for (int layer = 0; layer < settings.layers; ++layer) {

@@ -19,14 +19,12 @@
 using namespace gradsync;
 
 int main(int argc, char** argv) try {
-  Device device = Device::cpu();
-  std::int64_t n = 1 << 25;  // 32 Mi elements: 128 MiB of f32, far beyond any cache
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--device") device = Device::parse(argv[i + 1]);
-    else if (flag == "--elements") n = std::stoll(argv[i + 1]);
-    else throw Error("unknown flag " + flag);
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_ops [--device cpu|cuda:0 (cpu)] [--elements N (32 Mi)]\n"
+                           "  the element-wise ops and reductions against the memory bandwidth of the same run",
+                           {"--device", "--elements"});
+  const Device device = Device::parse(flags.text("--device", "cpu"));
+  const std::int64_t n = flags.integer("--elements", 1 << 25);  // 32 Mi: 128 MiB of f32, far beyond any cache
   const int repetitions = device.is_cpu() ? 5 : 20;
 
   Tensor x = Tensor::empty({n}, DType::f32, device);

@@ -45,20 +45,15 @@ void triad_baseline(float* __restrict a, const float* __restrict c, std::int64_t
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Device device = Device::cpu();
-  std::vector<std::int64_t> sizes_mi{1, 4, 16, 64};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--device") {
-      device = Device::parse(argv[i + 1]);
-    } else if (flag == "--sizes") {
-      sizes_mi.clear();
-      std::stringstream list(argv[i + 1]);
-      for (std::string item; std::getline(list, item, ',');) sizes_mi.push_back(std::stoll(item));
-    } else {
-      throw Error("unknown flag " + flag);
-    }
-  }
+  const bench::Flags flags(argc, argv,
+                           "bench_optimizers [--device cpu|cuda:0 (cpu)] [--sizes 1,4,16,64 (Mi parameters)]\n"
+                           "  SGD-momentum and Adam steps in f32, bf16 and fp16 (f32 master weights) against the\n"
+                           "  triad and copy bandwidth of the same run",
+                           {"--device", "--sizes"});
+  const Device device = Device::parse(flags.text("--device", "cpu"));
+  std::vector<std::int64_t> sizes_mi;
+  std::stringstream list(flags.text("--sizes", "1,4,16,64"));
+  for (std::string item; std::getline(list, item, ',');) sizes_mi.push_back(std::stoll(item));
   const int repetitions = device.is_cpu() ? 5 : 20;
   std::printf("bench_optimizers on %s, single thread on the CPU\n", device.str().c_str());
   std::printf("%-9s %-17s %9s %9s %10s %10s %10s %9s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",

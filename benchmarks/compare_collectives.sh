@@ -3,6 +3,7 @@
 #   benchmarks/compare_collectives.sh [RANKS] [MAX_BYTES]
 # (build first: scripts/test.sh or meson compile -C build). Needs /usr/bin/python3 with torch
 # for the torch columns; without it they are left out.
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ranks=${1:-2}

@@ -3,6 +3,7 @@
 #   benchmarks/compare_ddp.sh [RANKS] [MICROBATCHES]        e.g. benchmarks/compare_ddp.sh 2 1,4
 # Build first (scripts/test.sh or meson compile -C build). Without /usr/bin/python3 + torch the
 # torch columns are left out.
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ranks=${1:-2}

@@ -6,15 +6,19 @@
 Per-step loss as a thin line, per-epoch loss and held-out accuracy as markers. Needs
 matplotlib (Debian: apt-get install python3-matplotlib); the trainers themselves never need Python.
 """
+import argparse
 import json
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-source, target = sys.argv[1], sys.argv[2]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("source", help="a metrics file written with --metrics")
+parser.add_argument("target", help="the PNG to write")
+arguments = parser.parse_args()
+source, target = arguments.source, arguments.target
 steps, losses, epoch_steps, epoch_losses, accuracies = [], [], [], [], []
 for line in open(source):
     record = json.loads(line)

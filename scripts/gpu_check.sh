@@ -3,6 +3,8 @@
 # summary table. Needs nothing installed there beyond the driver: the binaries and their
 # libraries come from gpu_bundle/ (make it with scripts/make_gpu_bundle.sh where the
 # build dependencies exist, and carry it). Finishes in well under 5 minutes.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
+if (($#)); then echo "gpu_check.sh: unknown argument '$1' (it takes none; --help)" >&2; exit 2; fi
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bundle=gpu_bundle

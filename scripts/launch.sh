@@ -5,6 +5,7 @@
 # Sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for each rank. For several
 # machines, run it on each with NODE_RANK, NNODES and MASTER_ADDR set (rank = node * N + local).
 # When one rank fails, the others are stopped; the exit status is the first failure's.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
   echo "usage: $0 RANKS_PER_NODE PROGRAM [ARGS...]   (env: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT)" >&2

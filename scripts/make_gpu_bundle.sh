@@ -5,6 +5,7 @@
 # runs them through scripts/gpu_check.sh.
 #
 #   scripts/make_gpu_bundle.sh [ARCH]     e.g. 90 (H100/H200), 100 (B200)
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 arch=${1:-90}

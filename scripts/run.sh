@@ -3,6 +3,7 @@
 # data-parallel on local ranks: 2 CPU ranks over MPI, or one rank per GPU over NCCL when this
 # machine has GPUs and the build has NCCL. Ends by printing the held-out accuracy.
 # Extra arguments go to the trainer (build/examples/digits_ddp --help lists them).
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh

@@ -10,6 +10,7 @@
 #
 # Any report fails the run (halt_on_error / exitcode). Third-party code that is not built with
 # the sanitizer is suppressed in tests/sanitizers/*.supp, each entry with its reason.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 kind=${1:?usage: scripts/sanitize.sh asan|tsan [--all] [-- TEST...]}

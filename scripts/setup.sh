@@ -6,10 +6,15 @@
 #   scripts/setup.sh --with-reference   also PyTorch and the reference safetensors package,
 #                                       needed only to regenerate fixtures and for the
 #                                       optional interop test
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
+case "${1:-}" in
+  "" | --with-reference) ;;
+  *) echo "setup.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
+esac
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(meson ninja-build pkg-config g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
+packages=(meson ninja-build pkg-config cmake g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
           libopenmpi-dev openmpi-bin libgloo-dev python3)
 if [[ "${1:-}" == "--with-reference" ]]; then
   packages+=(python3-torch python3-numpy python3-pip)

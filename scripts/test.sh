@@ -5,6 +5,7 @@
 #   scripts/test.sh                 everything (what CI runs)
 #   scripts/test.sh --suite unit    one suite of the main build (unit, multirank, gpu, consumer,
 #                                   interop, examples), no sanitizers
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh

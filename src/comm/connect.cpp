@@ -28,21 +28,17 @@ int integer_variable(const char* name, int fallback) {
   return static_cast<int>(value);
 }
 
-// The CPU communicator of a process not started by mpirun: Gloo through the rendezvous the
-// environment describes.
+// The CPU communicator of a process not started by an MPI launcher: Gloo through the
+// rendezvous the environment describes.
 std::unique_ptr<Communicator> gloo_from_environment(const CommOptions& options) {
-  const int size = integer_variable("WORLD_SIZE", 1);
-  const int rank = integer_variable("RANK", 0);
-  GRADSYNC_CHECK(size >= 1 && rank < size, "RANK=", rank, " is outside WORLD_SIZE=", size);
-  if (const char* folder = environment("GRADSYNC_GLOO_STORE_DIR"); folder != nullptr && size > 1) {
-    return gloo_file_store(folder, rank, size, options);
+  const LaunchEnvironment launch = launch_from_environment();
+  if (!launch.store_dir.empty() && launch.size > 1) {
+    return gloo_file_store(launch.store_dir, launch.rank, launch.size, options);
   }
-  const char* host = environment("MASTER_ADDR");
-  const int port = integer_variable("MASTER_PORT", 0);
-  GRADSYNC_CHECK(size == 1 || port > 0, "rank ", rank, " of WORLD_SIZE=", size,
-                 ": set MASTER_PORT (and MASTER_ADDR, default 127.0.0.1) for the Gloo TCP rendezvous, or "
-                 "GRADSYNC_GLOO_STORE_DIR for a shared folder");
-  return gloo_tcp_store(host != nullptr ? host : "127.0.0.1", port, rank, size, options);
+  GRADSYNC_CHECK(launch.size == 1 || launch.port > 0, "rank ", launch.rank, " of ", launch.size, " (launched by ",
+                 launch.launcher, "): set MASTER_PORT (and MASTER_ADDR, default 127.0.0.1) for the Gloo TCP "
+                 "rendezvous, or GRADSYNC_GLOO_STORE_DIR for a shared folder");
+  return gloo_tcp_store(launch.host, launch.port, launch.rank, launch.size, options);
 }
 
 std::unique_ptr<Communicator> cpu_from_environment(const CommOptions& options) {
@@ -51,6 +47,78 @@ std::unique_ptr<Communicator> cpu_from_environment(const CommOptions& options) {
 }
 
 }  // namespace
+
+std::string first_host_of_nodelist(std::string_view nodelist) {
+  const auto malformed = [&](const char* why) {
+    detail::throw_error("Slurm host list '", nodelist, "': ", why);
+  };
+  // The first top-level item: up to the first comma outside brackets.
+  std::string_view item = nodelist;
+  int depth = 0;
+  for (std::size_t i = 0; i < nodelist.size(); ++i) {
+    if (nodelist[i] == '[') ++depth;
+    if (nodelist[i] == ']' && --depth < 0) malformed("unbalanced ']'");
+    if (nodelist[i] == ',' && depth == 0) {
+      item = nodelist.substr(0, i);
+      break;
+    }
+  }
+  // Each bracket group contributes its first entry: "01-04,07" -> "01" (zero padding kept).
+  std::string host;
+  for (std::size_t i = 0; i < item.size(); ++i) {
+    if (item[i] == ']') malformed("unbalanced ']'");
+    if (item[i] != '[') {
+      host += item[i];
+      continue;
+    }
+    const std::size_t close = item.find(']', i);
+    if (close == std::string_view::npos) malformed("unbalanced '['");
+    const std::string_view group = item.substr(i + 1, close - i - 1);
+    const std::string_view first = group.substr(0, group.find_first_of(",-"));
+    if (first.empty()) malformed("an empty range");
+    host += first;
+    i = close;
+  }
+  if (host.empty()) malformed("no host");
+  return host;
+}
+
+LaunchEnvironment launch_from_environment() {
+  LaunchEnvironment launch;
+  if (const char* folder = environment("GRADSYNC_GLOO_STORE_DIR"); folder != nullptr) launch.store_dir = folder;
+  const char* host = environment("MASTER_ADDR");
+  if (environment("RANK") != nullptr || environment("WORLD_SIZE") != nullptr) {
+    launch.launcher = "torchrun";
+    launch.size = integer_variable("WORLD_SIZE", 1);
+    launch.rank = integer_variable("RANK", 0);
+    launch.host = host != nullptr ? host : "127.0.0.1";
+    launch.port = integer_variable("MASTER_PORT", 0);
+  } else if (environment("SLURM_PROCID") != nullptr && environment("SLURM_NTASKS") != nullptr) {
+    launch.launcher = "slurm";
+    launch.size = integer_variable("SLURM_NTASKS", 1);
+    launch.rank = integer_variable("SLURM_PROCID", 0);
+    if (host != nullptr) {
+      launch.host = host;
+    } else {
+      const char* nodelist = environment("SLURM_STEP_NODELIST");
+      if (nodelist == nullptr) nodelist = environment("SLURM_JOB_NODELIST");
+      GRADSYNC_CHECK(nodelist != nullptr || launch.size == 1, "srun task ", launch.rank, " of ", launch.size,
+                     ": neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set; set MASTER_ADDR to rank 0's host");
+      launch.host = nodelist != nullptr ? first_host_of_nodelist(nodelist) : "127.0.0.1";
+    }
+    // Every task of the job computes the same port from the job id.
+    const int job = integer_variable("SLURM_JOB_ID", 0);
+    launch.port = environment("MASTER_PORT") != nullptr ? integer_variable("MASTER_PORT", 0) : 20000 + job % 20000;
+  } else {
+    launch.launcher = "single";
+    launch.host = host != nullptr ? host : "127.0.0.1";
+    launch.port = integer_variable("MASTER_PORT", 0);
+  }
+  GRADSYNC_CHECK(launch.size >= 1 && launch.rank < launch.size, "rank ", launch.rank, " is outside a world of ",
+                 launch.size, " (launched by ", launch.launcher, ")");
+  launch.local_rank = local_rank_from_environment(0);
+  return launch;
+}
 
 int local_rank_from_environment(int fallback) {
   for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {

@@ -6,6 +6,7 @@ Usage: check_interop.py PATH/TO/interop_writer
 Exits 77 (meson's "skipped") when torch or safetensors is not installed: the rest of the
 test suite never needs Python.
 """
+import argparse
 import os
 import subprocess
 import sys
@@ -28,7 +29,9 @@ SHAPES = {"scalar": [], "vector": [5], "matrix": [3, 4], "cube": [2, 3, 2], "emp
 
 
 def main():
-    writer = sys.argv[1]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("writer", help="the interop_writer program (build/tests/interop_writer)")
+    writer = parser.parse_args().writer
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "ours.safetensors")
         subprocess.run([writer, path], check=True)

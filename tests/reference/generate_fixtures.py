@@ -16,6 +16,7 @@ Fixtures written:
                           tensors of every dtype written by safetensors.torch.save_file,
                           with values given by a formula the C++ test recomputes.
 """
+import argparse
 import os
 import struct
 
@@ -24,6 +25,7 @@ from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "fixtures")
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 
 def f32_from_bits(bits):

@@ -24,6 +24,7 @@ Needs a current torch (2.x) and safetensors from PyPI:
     python3 -m venv /tmp/torch && /tmp/torch/bin/pip install torch safetensors numpy
     /tmp/torch/bin/python tests/reference/generate_mixed_precision_fixtures.py
 """
+import argparse
 import json
 import os
 import zlib
@@ -153,6 +154,7 @@ def scaler_case(name, model_dtype, kind, options, clip, magnitudes, injected, te
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     tensors = {}
     cases = []
     for short, kind, options in OPTIMIZERS:

@@ -12,13 +12,15 @@ Writes three safetensors files:
 digits_ddp --data data --init init --optimizer sgd --momentum 0 --lr 0.1 --batch 64 --no-shuffle
 --holdout 0 --hidden 16 --max-steps 25 must end within 1e-5 of final.
 """
+import argparse
 import os
-import sys
 
 import torch
 from safetensors.torch import save_file
 
-out = sys.argv[1]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("out", help="the folder to write (tests/fixtures/mlp_sgd)")
+out = parser.parse_args().out
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))

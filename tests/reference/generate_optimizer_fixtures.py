@@ -11,6 +11,7 @@ magnitudes cycle through 1, 1e-3, 1e3, 1e-20 (squares are f32 subnormals) and 1e
 Needs torch (Debian's python3-torch 1.13 is enough) and safetensors. The C++ test
 (tests/unit/test_optimizers.cpp) reads the cases from the file's metadata.
 """
+import argparse
 import json
 import os
 import zlib
@@ -91,6 +92,7 @@ def run_case(name, kind, groups, dtype, tensors):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     tensors = {}
     cases = []
     for dtype_name, dtype in (("f64", torch.float64), ("f32", torch.float32)):

@@ -5,14 +5,15 @@
 //
 // Which backend "auto" picks, in order:
 //   1. nccl  when `device` is a CUDA device and this build has NCCL and a GPU is visible;
-//   2. mpi   when the process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...);
-//   3. gloo  otherwise: through the TCP store when RANK and WORLD_SIZE are set (MASTER_ADDR,
-//            default 127.0.0.1, and MASTER_PORT, as torchrun sets them), through a folder when
-//            GRADSYNC_GLOO_STORE_DIR is set with RANK and WORLD_SIZE, else as a world of one.
-// NCCL needs a CPU communicator once, to carry its unique id: MPI when launched by mpirun,
-// else the Gloo rendezvous above; each rank takes the GPU of its local rank (nccl.h), so only
-// the device *type* of `device` matters. Call comm::nccl_communicator to pin a device yourself. See docs/communication.md for launching 1..N ranks on one
-// machine and on several.
+//   2. mpi   when an MPI launcher started the process: mpirun, or srun with an MPI plugin
+//            (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, MPI_LOCALNRANKS);
+//   3. gloo  otherwise, with the rank, size and rendezvous of launch_from_environment():
+//            torchrun-style variables, else a plain srun, else a world of one.
+// NCCL needs a CPU communicator once, to carry its unique id: MPI when launched by an MPI
+// launcher, else the Gloo rendezvous above; each rank takes the GPU of its local rank
+// (nccl.h), so only the device *type* of `device` matters. Call comm::nccl_communicator to pin
+// a device yourself. docs/communication.md shows launching 1..N ranks on one machine and on
+// several, with mpirun, scripts/launch.sh, torchrun and srun.
 #pragma once
 
 #include <memory>
@@ -33,5 +34,32 @@ std::string choose_backend(std::string_view backend, Device device);
 // This process's rank among the processes of its machine: LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
 // MPI_LOCALRANKID or SLURM_LOCALID, else `fallback`.
 int local_rank_from_environment(int fallback);
+
+// Where the Gloo rendezvous of this process is, as the environment describes it. Precedence,
+// first match wins:
+//   1. "torchrun": RANK and WORLD_SIZE set (torchrun, scripts/launch.sh, or by hand), with
+//      MASTER_ADDR (default 127.0.0.1) and MASTER_PORT;
+//   2. "slurm": SLURM_PROCID and SLURM_NTASKS set (a plain `srun`): the rendezvous host is
+//      MASTER_ADDR when set, else the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST);
+//      the port is MASTER_PORT when set, else 20000 + SLURM_JOB_ID % 20000, the same on every
+//      task of the job;
+//   3. "single": a world of one.
+// GRADSYNC_GLOO_STORE_DIR, when set, replaces the TCP store by a shared folder (host and port
+// are then unused). Variables that are set but malformed are errors naming them.
+struct LaunchEnvironment {
+  std::string launcher;  // "torchrun", "slurm" or "single"
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  std::string host;      // rendezvous host (rank 0's machine)
+  int port = 0;          // rendezvous port; 0 when unknown
+  std::string store_dir; // GRADSYNC_GLOO_STORE_DIR, when set
+};
+LaunchEnvironment launch_from_environment();
+
+// The first host of a Slurm host list, as scontrol would expand it: "node[01-04,07],gpu5" ->
+// "node01", "rack[1-2]-n[3-4]" -> "rack1-n3", "login1" -> "login1". Malformed lists (unbalanced
+// brackets, an empty list) are errors quoting the list.
+std::string first_host_of_nodelist(std::string_view nodelist);
 
 }  // namespace gradsync::comm
