@@ -4,15 +4,8 @@
 # user's CMake engine would.
 #   run_cmake_consumer_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
-build_dir=$1
 source=$2
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-
-meson install -C "$build_dir" --destdir "$scratch/root" --quiet >/dev/null
-prefix=$(meson introspect "$build_dir" --buildoptions | python3 -c \
-  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
-root="$scratch/root$prefix"
+source "$(dirname "${BASH_SOURCE[0]}")/install_scratch.sh" "$1"
 config=$(find "$root" -name gradsyncConfig.cmake | head -n 1)
 [[ -n $config ]] || { echo "gradsyncConfig.cmake not installed"; exit 1; }
 echo "found $config"
