@@ -25,7 +25,10 @@ struct OptimizerCase {
 
 class TrajectoryFile {
  public:
-  TrajectoryFile() : file_(fixture_path("optimizer_trajectories.safetensors")) {
+  // optimizer_trajectories.safetensors: torch 1.13; optimizer_trajectories_current.safetensors:
+  // a current torch, each case once per implementation (loop, foreach, fused).
+  explicit TrajectoryFile(const std::string& name = "optimizer_trajectories.safetensors")
+      : file_(fixture_path(name)) {
     const auto& metadata = file_.metadata();
     steps_ = std::stoi(metadata.at("steps"));
     for (const auto& shape : nlohmann::json::parse(metadata.at("shapes"))) shapes_.push_back(shape.get<Shape>());

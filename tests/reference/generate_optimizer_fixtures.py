@@ -6,10 +6,16 @@ parameters' initial values, 30 steps of fixed random gradients (some absent: PyT
 parameter whose .grad is None), and the final parameters and optimizer state. Gradient
 magnitudes cycle through 1, 1e-3, 1e3, 1e-20 (squares are f32 subnormals) and 1e15.
 
-    python3 tests/reference/generate_optimizer_fixtures.py
+    python3 tests/reference/generate_optimizer_fixtures.py              (torch 1.13: Debian's)
+    /tmp/torch/bin/python tests/reference/generate_optimizer_fixtures.py --current
 
-Needs torch (Debian's python3-torch 1.13 is enough) and safetensors. The C++ test
-(tests/unit/test_optimizers.cpp) reads the cases from the file's metadata.
+The first writes optimizer_trajectories.safetensors with Debian's python3-torch 1.13, whose
+CPU kernels gradsync reproduces to the bit. --current writes
+optimizer_trajectories_current.safetensors with a current torch from PyPI (2.x), once per
+implementation torch offers: the single-tensor loop (foreach=False), foreach=True and
+fused=True; gradsync is held to a stated ULP bound against those (tests/unit/test_optimizers.cpp
+says why they are not bit-identical). Needs safetensors too. The C++ tests read the cases from
+the file's metadata.
 """
 import argparse
 import json
@@ -50,7 +56,7 @@ BUFFERS = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq", "max_ex
            "AdamW": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]}
 
 
-def run_case(name, kind, groups, dtype, tensors):
+def run_case(name, kind, groups, dtype, tensors, implementation=None):
     generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     params = [torch.nn.Parameter(torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype))
               for shape in SHAPES]
@@ -61,7 +67,7 @@ def run_case(name, kind, groups, dtype, tensors):
         group = dict(group)
         indices = group.pop("params", list(range(len(params))))
         torch_groups.append({"params": [params[i] for i in indices], **group})
-    optimizer = getattr(torch.optim, kind)(torch_groups)
+    optimizer = getattr(torch.optim, kind)(torch_groups, **(implementation or {}))
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
         scale = SCALES[step % len(SCALES)]
@@ -91,19 +97,38 @@ def run_case(name, kind, groups, dtype, tensors):
     return {"name": name, "optimizer": kind, "groups": description}
 
 
+# torch 2.x's implementations of the same optimizers (the keyword arguments that select them).
+# fused=True only for Adam/AdamW: torch's fused CPU SGD fails on a step where a parameter has
+# no gradient (TypeError in torch._fused_sgd_, torch 2.15), which these trajectories include.
+IMPLEMENTATIONS = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def implementations(kind):
+    return [(name, keywords) for name, keywords in IMPLEMENTATIONS.items() if name != "fused" or kind != "SGD"]
+
+
 def main():
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--current", action="store_true",
+                        help="a current torch: every implementation, into optimizer_trajectories_current.safetensors")
+    current = parser.parse_args().current
+    out = OUT.replace(".safetensors", "_current.safetensors") if current else OUT
     tensors = {}
     cases = []
     for dtype_name, dtype in (("f64", torch.float64), ("f32", torch.float32)):
         for name, kind, groups in CASES:
-            case = run_case(f"{name}_{dtype_name}", kind, groups, dtype, tensors)
-            case["dtype"] = dtype_name
-            cases.append(case)
+            for implementation, keywords in (implementations(kind) if current else [("", None)]):
+                full_name = f"{name}_{dtype_name}" + (f"_{implementation}" if implementation else "")
+                case = run_case(full_name, kind, groups, dtype, tensors, keywords)
+                case["dtype"] = dtype_name
+                if implementation:
+                    case["implementation"] = implementation
+                cases.append(case)
     metadata = {"cases": json.dumps(cases), "steps": str(STEPS), "shapes": json.dumps(SHAPES),
                 "torch": torch.__version__, "generator": "tests/reference/generate_optimizer_fixtures.py"}
-    save_file(tensors, OUT, metadata=metadata)
-    print(f"{len(cases)} cases written to {os.path.normpath(OUT)}")
+    OUT_FILE = out
+    save_file(tensors, OUT_FILE, metadata=metadata)
+    print(f"{len(cases)} cases written to {os.path.normpath(OUT_FILE)} with torch {torch.__version__}")
 
 
 if __name__ == "__main__":
