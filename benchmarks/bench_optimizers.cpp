@@ -1,8 +1,8 @@
 // bench_optimizers: SGD-momentum and Adam steps over one arena of N parameters, f32 and mixed
 // precision, against memory bandwidth measured in the same run.
 //
-// An optimizer step is memory-bound: bytes per parameter as counted in
-// shared/reference/anchors.md 3.2 are 20 for SGD with momentum (read p, g, buf; write p,
+// An optimizer step is memory-bound: the bytes per parameter (docs/benchmarks.md) are 20 for
+// SGD with momentum (read p, g, buf; write p,
 // buf) and 28 for Adam (read p, g, m, v; write p, m, v). Effective bandwidth = bytes / time.
 // Mixed precision (bf16 or f16 parameters and gradients, f32 master weights and moments) moves
 // the same 28 bytes for Adam: read g (2) and master, m, v (12); write master, m, v (12) and the

@@ -76,7 +76,7 @@ struct DataParallel::Impl {
     }
     GRADSYNC_CHECK(!parameters.empty(),
                    "DataParallel is not needed when a module doesn't have any parameter that requires a gradient.");
-    // The same model everywhere (ddp.md section 3's verification, naming both views), then
+    // The same model everywhere (docs/semantics/ddp.md section 3's verification, naming both views), then
     // rank 0's values everywhere: parameters and buffers (frozen parameters) alike.
     require_same_parameters(comm, everything, names, "DataParallel");
     if (options.broadcast_parameters) {

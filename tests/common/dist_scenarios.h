@@ -1,7 +1,7 @@
 // Scenarios of the dist layer (Reducer, DistributedOptimizer, Adasum) written once against a
 // Communicator, run on Gloo ranks-as-threads (multirank/test_dist.cpp, world sizes 1-4) and
 // on MPI processes (multirank/test_mpi.cpp). Each is a reference-checked behaviour from
-// reference/horovod.md section 6; the item numbers are quoted.
+// docs/semantics/horovod.md section 6; the item numbers are quoted.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -195,7 +195,7 @@ inline void adasum_math(comm::Communicator& comm) {
 }
 
 // DataParallel: N ranks reach the parameters of one process on the concatenated batch, with
-// 2 microbatches per step under each strategy (reference/ddp.md checklist 9 and 11).
+// 2 microbatches per step under each strategy (docs/semantics/ddp.md checklist 9 and 11).
 inline void data_parallel_equivalence(comm::Communicator& comm) {
   const std::int64_t per_rank = 8;
   const std::int64_t batch = per_rank * comm.size();

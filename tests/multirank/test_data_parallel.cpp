@@ -1,5 +1,5 @@
 // DataParallel (DDP semantics) and Composer's sync strategies on Gloo ranks-as-threads: the
-// portable checklist of reference/ddp.md section 4 (item numbers quoted), with our correct
+// checklist of docs/semantics/ddp.md section 4 (item numbers quoted), with our correct
 // SINGLE values and the improvements of its section 6.
 #include <gtest/gtest.h>
 
@@ -275,7 +275,7 @@ TEST(DataParallel, GlobalVersusLocalUnusedAndTheUsedMap) {
   }
 }
 
-// Item 15 and ddp.md section 6.4: a missing gradient without find_unused is an error at the
+// Item 15 and docs/semantics/ddp.md section 6, item 4: a missing gradient without find_unused is an error at the
 // end of that backward on the rank that missed it (naming the parameter), and on the others
 // (naming that rank), with no hang.
 TEST(DataParallel, MissingGradientIsAnErrorOnEveryRankNotAHang) {

@@ -1,5 +1,5 @@
 // The dist layer on Gloo ranks-as-threads: the Reducer's buckets, order, overlap,
-// compression and scaling; the DistributedOptimizer's Horovod semantics (reference/horovod.md
+// compression and scaling; the DistributedOptimizer's Horovod semantics (docs/semantics/horovod.md
 // section 6, item numbers quoted); Adasum. World sizes 1 to 4.
 #include <gtest/gtest.h>
 
@@ -32,7 +32,7 @@ TEST(Buckets, PyTorchAssignmentCases) {
   using dist::assign_buckets;
   using dist::BucketRule;
   using Buckets = std::vector<std::vector<std::size_t>>;
-  // reference/ddp.md checklist 7, sizes in bytes.
+  // docs/semantics/ddp.md checklist 7, sizes in bytes.
   EXPECT_EQ(assign_buckets({400, 800, 400, 200}, {0, 0, 0, 0}, {400}, BucketRule::pytorch), (Buckets{{0}, {1}, {2}, {3}}));
   const std::vector<std::size_t> alternating{200, 200, 200, 200, 200, 200};  // f32 x 50, f64 x 25
   const std::vector<int> keys{0, 1, 0, 1, 0, 1};

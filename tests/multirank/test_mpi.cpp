@@ -59,7 +59,7 @@ TEST(Mpi, ZZDefaultPathReportsAMismatch) {
 }  // namespace
 // Issue 11, item 1: Reducers sharing one MPI communicator, random per-rank ready orders.
 TEST(MpiDist, RandomReadyOrdersAcrossReducers) { testing::random_ready_orders_across_reducers(world(), 3, 100); }
-// The dist layer's main scenarios, on processes (reference/horovod.md items 19, 39-42, and
+// The dist layer's main scenarios, on processes (docs/semantics/horovod.md items 19, 39-42, and
 // the N-ranks-equal-one-process equivalence).
 TEST(MpiDist, EquivalenceWithSingleProcessTraining) { testing::equivalence_with_single_process(world()); }
 TEST(MpiDist, ForceAllreduceWhenARankSkipsAParameter) { testing::force_allreduce_when_a_rank_skips_a_parameter(world()); }

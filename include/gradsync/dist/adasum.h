@@ -8,7 +8,7 @@
 // binary tree by rank bits: (0,1), (2,3), then ((0,1),(2,3)), ...
 //
 // adasum_allreduce runs it with Horovod's vector-halving, distance-doubling algorithm
-// (reference/horovod.md section 4), built on the Communicator's send/recv:
+// (docs/semantics/horovod.md section 4), built on the Communicator's send/recv:
 //   reduce-scatter: for level = 1, 2, ..., p/2 the partner is rank ^ level; the pair splits
 //     its current region in halves, the lower rank keeping the first. Each side sends the
 //     half it gives up, and computes per tensor the partial dot product and squared norms on

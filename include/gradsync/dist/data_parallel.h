@@ -13,7 +13,7 @@
 // Construction checks that every rank holds the same parameters (names, shapes, dtypes, in
 // order) and broadcasts every parameter and buffer (frozen parameter) from rank 0.
 //
-// Semantics (reference/ddp.md), with its section 6's improvements:
+// Semantics (docs/semantics/ddp.md), with its section 6's improvements:
 //  * buckets: bucket_cap_mb (25) with a 1 MiB first bucket, formed in reverse registration
 //    order (the order a backward produces gradients in), one dtype and device each, views of
 //    the gradient arena; launched in order while the backward goes on;
@@ -87,7 +87,7 @@ class DataParallel {
   // pre-divided). A second registration is an error.
   void register_comm_hook(ReduceHook hook);
 
-  // The usage bitmap of the last synced step, summed over ranks (ddp.md checklist 15).
+  // The usage bitmap of the last synced step, summed over ranks (docs/semantics/ddp.md checklist 15).
   const std::vector<int>& last_used_counts() const;
   const Reducer& reducer() const;
   comm::Communicator& communicator() const;

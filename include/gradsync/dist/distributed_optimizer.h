@@ -10,7 +10,7 @@
 //
 // It wraps any optim::Optimizer (SGD, Adam, AdamW, or a user's subclass) over a registry and
 // listens to the registry's readiness signals. The semantics are Horovod's, argument by
-// argument (reference/horovod.md), with these deliberate differences, each for a reason:
+// argument (docs/semantics/horovod.md), with these deliberate differences, each for a reason:
 //  * the reduction order is the registry's, identical on every rank, so nothing is negotiated
 //    and a rank whose graph skipped a parameter cannot stall the others (it contributes
 //    zeros, Horovod's "force allreduce", in the same fixed order);

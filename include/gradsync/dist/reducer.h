@@ -60,7 +60,7 @@ enum class BucketRule {
 // last limit repeating. `together` (optional) gives a unit id per index: indices with the same
 // unit id always share a bucket (Horovod's explicit groups; they must have the same key).
 // Buckets come out sorted by their smallest index. This is DDP's compute_bucket_assignment_by_size
-// for BucketRule::pytorch (reference/ddp.md, checklist 7).
+// for BucketRule::pytorch (docs/semantics/ddp.md, checklist 7).
 std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size_t>& sizes,
                                                      const std::vector<int>& keys,
                                                      const std::vector<std::size_t>& limits, BucketRule rule,
