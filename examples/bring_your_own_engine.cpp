@@ -49,6 +49,12 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw Error("flag " + flag + " needs a value");
       return argv[++i];
     };
+    if (flag == "--help" || flag == "-h") {
+      std::printf("bring_your_own_engine [--epochs 40] [--lr 0.05] [--save CKPT] [--resume CKPT]\n"
+                  "  linear regression through DataParallel with a hand-written engine; run alone, with\n"
+                  "  mpirun -np N, or scripts/launch.sh N\n");
+      std::exit(0);
+    }
     if (flag == "--epochs") options.epochs = std::stoi(value());
     else if (flag == "--lr") options.lr = std::stod(value());
     else if (flag == "--save") options.save = value();
