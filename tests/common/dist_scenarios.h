@@ -252,7 +252,7 @@ inline void data_parallel_missing_gradient(comm::Communicator& comm) {
   }
 }
 
-// Issue 11, item 1: several Reducers (and the user's own collectives) on one communicator,
+// Several Reducers (and the user's own collectives) on one communicator,
 // each rank signalling readiness in its own random order. Every bucket has the same size, so
 // pairing the wrong buckets across ranks would go unnoticed by any size check: only the values
 // tell. Each Reducer reduces on its own duplicate, so every value must be the exact sum.

@@ -38,7 +38,7 @@ TEST_F(Nccl, EveryCollectiveEveryDType) {
   testing::check_collectives(*comm, {0, 1, 7, 1000, 1 << 20});
 }
 
-// Issue 11: every Reducer takes a duplicate (ncclCommSplit); it works on its own and the
+// Every Reducer takes a duplicate (ncclCommSplit); it works on its own and the
 // parent stays usable.
 TEST_F(Nccl, DuplicateIsAnIndependentCommunicator) {
   auto comm = world();

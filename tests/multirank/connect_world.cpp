@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
       } catch (const Error& error) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::printf("rank %d got, after %.2f s: %s\n", comm->rank(), seconds, error.what());
-        // The operation, and the peer by rank as well as by address (issue 11, item 11).
+        // The operation, and the peer by rank as well as by address (see docs/communication.md, failure semantics).
         const std::string message = error.what();
         return message.find("allreduce #") != std::string::npos && message.find(" is rank ") != std::string::npos ? 0 : 1;
       }

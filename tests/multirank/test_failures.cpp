@@ -1,4 +1,4 @@
-// Correctness under any ready order and any failure (issue 11), on Gloo ranks-as-threads:
+// Correctness under any ready order and any failure, on Gloo ranks-as-threads:
 //  * several Reducers and user collectives on one communicator, random per-rank ready orders;
 //  * a failed launch, a failed wait, a failed synchronize, a failed end_backward: no crash, no
 //    Work dropped while it can still write, and a defined state afterwards;
@@ -76,7 +76,7 @@ TEST(SharedCommunicator, RandomReadyOrdersAcrossReducersGiveExactSums) {
 }
 
 TEST(SharedCommunicator, TwoDistributedOptimizersReadyInOppositeOrders) {
-  // The GAN of the issue: generator and discriminator, one optimizer each, on one communicator;
+  // A GAN: generator and discriminator, one optimizer each, on one communicator;
   // rank 0 finishes the generator's gradient first, rank 1 the discriminator's.
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     ParameterRegistry registry;

@@ -57,7 +57,7 @@ TEST(Mpi, ZZDefaultPathReportsAMismatch) {
 }
 
 }  // namespace
-// Issue 11, item 1: Reducers sharing one MPI communicator, random per-rank ready orders.
+// Reducers sharing one MPI communicator, random per-rank ready orders.
 TEST(MpiDist, RandomReadyOrdersAcrossReducers) { testing::random_ready_orders_across_reducers(world(), 3, 100); }
 // The dist layer's main scenarios, on processes (docs/semantics/horovod.md items 19, 39-42, and
 // the N-ranks-equal-one-process equivalence).

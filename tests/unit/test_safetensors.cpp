@@ -142,7 +142,7 @@ TEST(Safetensors, CorruptFilesAreRejectedWithClearErrors) {
       {"trailing bytes", make_file("{" + good_entry + "}", 12), "belong to no tensor"},
       {"metadata not strings", make_file(R"({"__metadata__":{"a":1}})", 0), "__metadata__"},
       {"entry not an object", make_file(R"({"t":7})", 0), "must be an object"},
-      // Issue 11, item 9: what the reference implementation rejects, and what used to crash.
+      // What the reference implementation rejects, and what used to crash.
       {"a byte order mark", make_file("\xEF\xBB\xBF{" + good_entry + "}", 8), "byte order mark"},
       {"a NUL inside the header", make_file("{" + good_entry + "}" + std::string(1, '\0') + "junk", 8), "NUL byte"},
       {"deeply nested shape",
