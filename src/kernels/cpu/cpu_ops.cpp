@@ -1,16 +1,37 @@
 // CPU kernels behind gradsync::ops.
 //
-// f32 and f64 go through Eigen array maps, which emit SIMD code for the target ISA. The
-// 16-bit floats and integers use plain loops over load()/store(); they are branch-free
-// enough for the compiler to vectorize the arithmetic, and they are not on hot paths that
-// matter (gradients in f16/bf16 exist only inside compression, which is bandwidth-bound
-// on the network, not on these loops).
+// Every operation runs on all cores (core/parallel.h): element-wise ones split the range into
+// one chunk per thread; reductions cut it into fixed 1 Mi-element chunks whose partial sums
+// are added in chunk order, so the result does not depend on the number of threads. Within a
+// chunk: f32 and f64 element-wise arithmetic goes through Eigen array maps; casts between f32
+// and f16/bf16 and the reductions are loops compiled for baseline x86-64 and for AVX2
+// (ops_loops.inc, isa.h); everything else is plain loops over load()/store().
 #include <Eigen/Core>
 
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "../../core/parallel.h"
 #include "../element.h"
 #include "../kernels.h"
+#include "isa.h"
 
 namespace gradsync::kernels::cpu {
+
+namespace baseline {
+#include "ops_loops.inc"
+}  // namespace baseline
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "ops_loops.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
 
 namespace {
 
@@ -35,128 +56,138 @@ void with_map(void* data, std::int64_t n, Fn&& fn) {
   }
 }
 
+// Element-wise work: one chunk per thread, at least 256 Ki elements each (smaller operations
+// stay on the calling thread), boundaries on 64-element multiples.
+constexpr std::int64_t kElementwiseGrain = std::int64_t{1} << 18;
+
+template <typename Body>
+void elementwise(std::int64_t n, Body body) {
+  parallel::parallel_for(n, kElementwiseGrain, 64, [&](std::int64_t begin, std::int64_t end) { body(begin, end - begin); });
+}
+
+// Reductions: fixed chunks, partials combined in chunk order.
+constexpr std::int64_t kReductionChunk = std::int64_t{1} << 20;
+
+template <typename Result, typename Chunk, typename Combine>
+Result reduce_chunks(std::int64_t n, Chunk chunk, Combine combine) {
+  const std::int64_t chunks = std::max<std::int64_t>(1, (n + kReductionChunk - 1) / kReductionChunk);
+  std::vector<Result> partials(static_cast<std::size_t>(chunks));
+  parallel::for_each_task(chunks, [&](std::int64_t c) {
+    const std::int64_t begin = c * kReductionChunk;
+    partials[static_cast<std::size_t>(c)] = chunk(begin, std::min(n, begin + kReductionChunk) - begin);
+  });
+  Result total = partials[0];
+  for (std::size_t c = 1; c < partials.size(); ++c) total = combine(total, partials[c]);
+  return total;
+}
+
+template <typename T>
+T* offset(void* base, std::int64_t elements) {
+  return static_cast<T*>(base) + elements;
+}
+template <typename T>
+const T* offset(const void* base, std::int64_t elements) {
+  return static_cast<const T*>(base) + elements;
+}
+
 }  // namespace
 
 void fill(void* x, DType dtype, std::int64_t n, double value) {
   visit_dtype(dtype, [&]<typename T>(T) {
     const T element = convert<T>(value);
-    T* data = static_cast<T*>(x);
-    std::fill(data, data + n, element);
+    elementwise(n, [&](std::int64_t begin, std::int64_t count) {
+      T* data = offset<T>(x, begin);
+      std::fill(data, data + count, element);
+    });
   });
 }
 
 void scale(void* x, DType dtype, std::int64_t n, double alpha) {
   visit_dtype(dtype, [&]<typename T>(T) {
-    if constexpr (uses_eigen<T>) {
-      with_map<T>(x, n, [&](auto& map) { map *= static_cast<T>(alpha); });
-    } else {
-      using C = compute_t<T>;
-      const C factor = static_cast<C>(alpha);
-      T* data = static_cast<T*>(x);
-      for (std::int64_t i = 0; i < n; ++i) data[i] = store<T>(load(data[i]) * factor);
-    }
+    elementwise(n, [&](std::int64_t begin, std::int64_t count) {
+      if constexpr (uses_eigen<T>) {
+        with_map<T>(offset<T>(x, begin), count, [&](auto& map) { map *= static_cast<T>(alpha); });
+      } else {
+        using C = compute_t<T>;
+        const C factor = static_cast<C>(alpha);
+        T* data = offset<T>(x, begin);
+        for (std::int64_t i = 0; i < count; ++i) data[i] = store<T>(load(data[i]) * factor);
+      }
+    });
   });
 }
 
 void axpy(double alpha, const void* x, void* y, DType dtype, std::int64_t n) {
   visit_dtype(dtype, [&]<typename T>(T) {
-    if constexpr (uses_eigen<T>) {
-      ConstArrayMap<T> source(static_cast<const T*>(x), n);
-      with_map<T>(y, n, [&](auto& target) { target += static_cast<T>(alpha) * source; });
-    } else {
-      using C = compute_t<T>;
-      const C factor = static_cast<C>(alpha);
-      const T* source = static_cast<const T*>(x);
-      T* target = static_cast<T*>(y);
-      for (std::int64_t i = 0; i < n; ++i) target[i] = store<T>(load(target[i]) + factor * load(source[i]));
-    }
+    elementwise(n, [&](std::int64_t begin, std::int64_t count) {
+      if constexpr (uses_eigen<T>) {
+        ConstArrayMap<T> source(offset<T>(x, begin), count);
+        with_map<T>(offset<T>(y, begin), count, [&](auto& target) { target += static_cast<T>(alpha) * source; });
+      } else {
+        using C = compute_t<T>;
+        const C factor = static_cast<C>(alpha);
+        const T* source = offset<T>(x, begin);
+        T* target = offset<T>(y, begin);
+        for (std::int64_t i = 0; i < count; ++i) target[i] = store<T>(load(target[i]) + factor * load(source[i]));
+      }
+    });
   });
 }
 
 void add(const void* a, const void* b, void* out, DType dtype, std::int64_t n) {
   visit_dtype(dtype, [&]<typename T>(T) {
-    if constexpr (uses_eigen<T>) {
-      ConstArrayMap<T> left(static_cast<const T*>(a), n);
-      ConstArrayMap<T> right(static_cast<const T*>(b), n);
-      with_map<T>(out, n, [&](auto& result) { result = left + right; });
-    } else {
-      const T* left = static_cast<const T*>(a);
-      const T* right = static_cast<const T*>(b);
-      T* result = static_cast<T*>(out);
-      for (std::int64_t i = 0; i < n; ++i) result[i] = store<T>(load(left[i]) + load(right[i]));
-    }
+    elementwise(n, [&](std::int64_t begin, std::int64_t count) {
+      if constexpr (uses_eigen<T>) {
+        ConstArrayMap<T> left(offset<T>(a, begin), count);
+        ConstArrayMap<T> right(offset<T>(b, begin), count);
+        with_map<T>(offset<T>(out, begin), count, [&](auto& result) { result = left + right; });
+      } else {
+        const T* left = offset<T>(a, begin);
+        const T* right = offset<T>(b, begin);
+        T* result = offset<T>(out, begin);
+        for (std::int64_t i = 0; i < count; ++i) result[i] = store<T>(load(left[i]) + load(right[i]));
+      }
+    });
   });
 }
 
 void cast(const void* source, DType source_dtype, void* destination, DType destination_dtype, std::int64_t n) {
   visit_dtype(source_dtype, [&]<typename S>(S) {
     visit_dtype(destination_dtype, [&]<typename D>(D) {
-      const S* from = static_cast<const S*>(source);
-      D* to = static_cast<D*>(destination);
-      for (std::int64_t i = 0; i < n; ++i) to[i] = convert<D>(from[i]);
+      elementwise(n, [&](std::int64_t begin, std::int64_t count) {
+        GRADSYNC_ISA_DISPATCH(cast_loop<S, D>)(offset<S>(source, begin), offset<D>(destination, begin), count);
+      });
     });
   });
 }
 
-// Reductions accumulate in double whatever the input type: a norm or dot product over
-// millions of f32 gradients loses digits in f32, and the caller gets a double anyway.
-// Eight independent accumulators break the dependency chain of one running sum (which
-// would cost a full add latency per element) and let the compiler use SIMD lanes; the
-// order of additions is fixed, so results are reproducible run to run.
 double dot(const void* a, const void* b, DType dtype, std::int64_t n) {
   return visit_dtype(dtype, [&]<typename T>(T) -> double {
-    constexpr int kLanes = 8;
-    const T* left = static_cast<const T*>(a);
-    const T* right = static_cast<const T*>(b);
-    double lanes[kLanes] = {};
-    std::int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-      for (int lane = 0; lane < kLanes; ++lane) {
-        lanes[lane] += static_cast<double>(load(left[i + lane])) * static_cast<double>(load(right[i + lane]));
-      }
-    }
-    double sum = 0.0;
-    for (; i < n; ++i) sum += static_cast<double>(load(left[i])) * static_cast<double>(load(right[i]));
-    for (const double lane : lanes) sum += lane;
-    return sum;
+    return reduce_chunks<double>(
+        n,
+        [&](std::int64_t begin, std::int64_t count) {
+          return GRADSYNC_ISA_DISPATCH(dot_loop<T>)(offset<T>(a, begin), offset<T>(b, begin), count);
+        },
+        [](double x, double y) { return x + y; });
   });
 }
 
 double squared_norm(const void* x, DType dtype, std::int64_t n) { return dot(x, x, dtype, n); }
 
-// Lanes as in dot(). A NaN fails `magnitude <= max`, so "not (|v| <= largest finite)" counts
-// both infinities and NaNs without a branch, and the maximum only ever sees finite values.
 ops::NormStatistics norm_statistics(const void* x, DType dtype, std::int64_t n, double factor) {
   return visit_dtype(dtype, [&]<typename T>(T) -> ops::NormStatistics {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
-      using C = compute_t<T>;
-      constexpr int kLanes = 8;
-      constexpr C kLargest = std::numeric_limits<C>::max();
-      const C scale = static_cast<C>(factor);
-      const T* values = static_cast<const T*>(x);
-      double sums[kLanes] = {};
-      C largest[kLanes] = {};
-      std::int64_t bad[kLanes] = {};
-      const auto visit = [&](int lane, std::int64_t i) {
-        const C v = load(values[i]) * scale;
-        const C magnitude = v < C(0) ? -v : v;
-        const bool finite = magnitude <= kLargest;
-        sums[lane] += static_cast<double>(v) * static_cast<double>(v);
-        largest[lane] = finite && magnitude > largest[lane] ? magnitude : largest[lane];
-        bad[lane] += finite ? 0 : 1;
-      };
-      std::int64_t i = 0;
-      for (; i + kLanes <= n; i += kLanes) {
-        for (int lane = 0; lane < kLanes; ++lane) visit(lane, i + lane);
-      }
-      for (; i < n; ++i) visit(0, i);
-      ops::NormStatistics result;
-      for (int lane = 0; lane < kLanes; ++lane) {
-        result.sum_of_squares += sums[lane];
-        result.max_abs = std::max(result.max_abs, static_cast<double>(largest[lane]));
-        result.nonfinite += bad[lane];
-      }
-      return result;
+      return reduce_chunks<ops::NormStatistics>(
+          n,
+          [&](std::int64_t begin, std::int64_t count) {
+            return GRADSYNC_ISA_DISPATCH(norm_statistics_loop<T>)(offset<T>(x, begin), count, factor);
+          },
+          [](ops::NormStatistics s, const ops::NormStatistics& t) {
+            s.sum_of_squares += t.sum_of_squares;
+            s.max_abs = std::max(s.max_abs, t.max_abs);
+            s.nonfinite += t.nonfinite;
+            return s;
+          });
     } else {
       detail::throw_error("norm_statistics: ", dtype_name(dtype), " is not floating");
     }
