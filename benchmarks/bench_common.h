@@ -10,10 +10,12 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradsync/core/device.h"
 #include "gradsync/core/error.h"
+#include "gradsync/core/threads.h"
 
 namespace gradsync::bench {
 
@@ -33,6 +35,20 @@ inline double best_seconds(int repetitions, Device device, const std::function<v
 }
 
 inline double gigabytes_per_second(double bytes, double seconds) { return bytes / seconds / 1e9; }
+
+// Runs fn(begin, end) over [0, n) split across gradsync::num_threads() threads of its own: the
+// memory-bandwidth ceilings are measured with as many cores as the library's loops use.
+inline void on_all_cores(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  const std::int64_t threads = std::max(1, num_threads());
+  const std::int64_t chunk = (n + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  for (std::int64_t t = 1; t < threads; ++t) {
+    const std::int64_t begin = std::min(n, t * chunk), end = std::min(n, (t + 1) * chunk);
+    workers.emplace_back([&fn, begin, end] { fn(begin, end); });
+  }
+  fn(0, std::min(n, chunk));
+  for (std::thread& worker : workers) worker.join();
+}
 
 // A benchmark's command line, checked before anything runs: `--name value` for the flags in
 // `valued`, bare `--name` for those in `switches`. --help (or -h) prints `usage` and exits 0;

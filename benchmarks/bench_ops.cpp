@@ -41,7 +41,14 @@ int main(int argc, char** argv) try {
   //    loops the compiler vectorizes fully. CPUs often stream reads or read-modify-writes
   //    faster than a copy (write-allocate), and an op must not look "faster than memory".
   // The ceiling is the best of them.
-  const double copy_seconds = bench::best_seconds(repetitions, device, [&] { out.copy_from(x); });
+  // On the CPU the ceilings use as many threads as the library (bench::on_all_cores).
+  const double copy_seconds = bench::best_seconds(repetitions, device, [&] {
+    if (!device.is_cpu()) return out.copy_from(x);
+    bench::on_all_cores(n, [&](std::int64_t begin, std::int64_t end) {
+      std::memcpy(static_cast<float*>(out.data()) + begin, static_cast<const float*>(x.data()) + begin,
+                  static_cast<std::size_t>(end - begin) * 4);
+    });
+  });
   const double copy_rate = bench::gigabytes_per_second(2 * f32_bytes, copy_seconds);
   double read_rate = 0.0;
   double update_rate = 0.0;
@@ -49,12 +56,16 @@ int main(int argc, char** argv) try {
     auto* words = static_cast<std::uint32_t*>(out.data());
     volatile std::uint32_t keep = 0;
     const double read_seconds = bench::best_seconds(repetitions, device, [&] {
-      std::uint32_t sum = 0;
-      for (std::int64_t i = 0; i < n; ++i) sum += words[i];
-      keep = sum;
+      bench::on_all_cores(n, [&](std::int64_t begin, std::int64_t end) {
+        std::uint32_t sum = 0;
+        for (std::int64_t i = begin; i < end; ++i) sum += words[i];
+        keep = sum;
+      });
     });
     const double update_seconds = bench::best_seconds(repetitions, device, [&] {
-      for (std::int64_t i = 0; i < n; ++i) words[i] += 1u;
+      bench::on_all_cores(n, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) words[i] += 1u;
+      });
     });
     (void)keep;
     read_rate = bench::gigabytes_per_second(f32_bytes, read_seconds);
@@ -78,8 +89,8 @@ int main(int argc, char** argv) try {
       {"squared_norm f32", f32_bytes, [&] { ops::squared_norm(x); }},
   };
 
-  std::printf("bench_ops on %s, %lld elements (%.0f MiB per f32 tensor)\n", device.str().c_str(),
-              static_cast<long long>(n), f32_bytes / (1 << 20));
+  std::printf("bench_ops on %s, %lld elements (%.0f MiB per f32 tensor), %d CPU thread(s)\n", device.str().c_str(),
+              static_cast<long long>(n), f32_bytes / (1 << 20), num_threads());
   std::printf("memory: copy %.1f GB/s, read %.1f GB/s, in-place update %.1f GB/s -> ceiling %.1f GB/s\n\n",
               copy_rate, read_rate, update_rate, ceiling);
   std::printf("%-18s %10s %10s %12s\n", "op", "ms", "GB/s", "vs ceiling");

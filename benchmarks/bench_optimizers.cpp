@@ -14,6 +14,7 @@
 //
 // benchmarks/torch_optimizers.py runs torch.optim on the same sizes and prints the ratios.
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <sstream>
@@ -55,7 +56,8 @@ int main(int argc, char** argv) try {
   std::stringstream list(flags.text("--sizes", "1,4,16,64"));
   for (std::string item; std::getline(list, item, ',');) sizes_mi.push_back(std::stoll(item));
   const int repetitions = device.is_cpu() ? 5 : 20;
-  std::printf("bench_optimizers on %s, single thread on the CPU\n", device.str().c_str());
+  std::printf("bench_optimizers on %s, %d CPU thread(s) (GRADSYNC_NUM_THREADS), ceilings on as many\n",
+              device.str().c_str(), num_threads());
   std::printf("%-9s %-17s %9s %9s %10s %10s %10s %9s\n", "params", "optimizer", "ms/step", "GB/s", "triad GB/s",
               "vs triad", "copy GB/s", "vs copy");
   for (const std::int64_t mi : sizes_mi) {
@@ -70,13 +72,20 @@ int main(int argc, char** argv) try {
     if (device.is_cpu()) {
       const bool wide = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
       triad_seconds = bench::best_seconds(repetitions, device, [&] {
-        (wide ? triad_wide : triad_baseline)(a.data_as<float>(), c.data_as<float>(), n);
+        bench::on_all_cores(n, [&](std::int64_t begin, std::int64_t end) {
+          (wide ? triad_wide : triad_baseline)(a.data_as<float>() + begin, c.data_as<float>() + begin, end - begin);
+        });
       });
     } else {
       triad_seconds = bench::best_seconds(repetitions, device, [&] { ops::axpy(0.5, c, a); });
     }
     const double triad_rate = bench::gigabytes_per_second(12.0 * static_cast<double>(n), triad_seconds);
-    const double copy_seconds = bench::best_seconds(repetitions, device, [&] { a.copy_from(b); });
+    const double copy_seconds = bench::best_seconds(repetitions, device, [&] {
+      if (!device.is_cpu()) return a.copy_from(b);
+      bench::on_all_cores(n, [&](std::int64_t begin, std::int64_t end) {
+        std::memcpy(a.data_as<float>() + begin, b.data_as<float>() + begin, static_cast<std::size_t>(end - begin) * 4);
+      });
+    });
     const double copy_rate = bench::gigabytes_per_second(8.0 * static_cast<double>(n), copy_seconds);
     a = Tensor();
     b = Tensor();
