@@ -174,6 +174,18 @@ class StagedWork final : public Work {
 
 }  // namespace
 
+namespace {
+thread_local bool caller_waits = false;
+}  // namespace
+
+CallerWaits::CallerWaits() : previous_(caller_waits) { caller_waits = true; }
+CallerWaits::~CallerWaits() { caller_waits = previous_; }
+bool CallerWaits::take() {
+  const bool waiting = caller_waits;
+  caller_waits = false;
+  return waiting;
+}
+
 WorkHandle Communicator::allreduce_host_async(Tensor& host, ReduceOp op) {
   require_host_tensor("allreduce_host", host);
   if (device_type().is_cpu()) return allreduce_async(host, op);

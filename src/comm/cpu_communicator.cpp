@@ -54,9 +54,12 @@ class Engine;
 // The Work of a CPU operation: completed by the communication thread, or cancelled.
 class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> {
  public:
-  CpuWork(std::string description, std::chrono::milliseconds default_timeout, std::weak_ptr<Engine> engine)
-      : description_(std::move(description)), default_timeout_(default_timeout), issued_(Clock::now()),
-        engine_(std::move(engine)) {}
+  // A collective is described from its Descriptor, and only when somebody asks (an error, a
+  // timeout, description()): formatting costs about a microsecond, a small collective a few.
+  CpuWork(std::optional<Descriptor> descriptor, std::string description, std::chrono::milliseconds default_timeout,
+          std::weak_ptr<Engine> engine)
+      : descriptor_(std::move(descriptor)), description_(std::move(description)), default_timeout_(default_timeout),
+        issued_(Clock::now()), engine_(std::move(engine)) {}
 
   bool is_completed() const override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -65,7 +68,12 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
 
   void wait(std::chrono::milliseconds timeout) override;
 
-  const std::string& description() const override { return description_; }
+  const std::string& description() const override {
+    std::call_once(described_, [&] {
+      if (descriptor_) description_ = descriptor_->str();
+    });
+    return description_;
+  }
 
   void complete(std::exception_ptr error) {
     {
@@ -84,7 +92,9 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
   }
 
  private:
-  std::string description_;
+  std::optional<Descriptor> descriptor_;
+  mutable std::string description_;
+  mutable std::once_flag described_;
   std::chrono::milliseconds default_timeout_;
   Clock::time_point issued_;
   std::weak_ptr<Engine> engine_;
@@ -138,14 +148,26 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   }
 
   WorkHandle submit_collective(Descriptor descriptor, std::function<void()> body) {
-    std::lock_guard<std::mutex> lock(submit_mutex_);
-    descriptor.seq = collective_sequence_++;
-    return submit(descriptor.str(), descriptor, std::move(body));
+    std::optional<Task> inline_task;
+    WorkHandle work;
+    {
+      std::lock_guard<std::mutex> lock(submit_mutex_);
+      descriptor.seq = collective_sequence_++;
+      work = submit(std::string(), descriptor, std::move(body), inline_task);
+    }
+    if (inline_task) run_inline(*inline_task);
+    return work;
   }
 
   WorkHandle submit_p2p(const char* op, const Tensor& tensor, int peer, int tag, std::function<void()> body) {
-    std::lock_guard<std::mutex> lock(submit_mutex_);
-    return submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), std::nullopt, std::move(body));
+    std::optional<Task> inline_task;
+    WorkHandle work;
+    {
+      std::lock_guard<std::mutex> lock(submit_mutex_);
+      work = submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), std::nullopt, std::move(body), inline_task);
+    }
+    if (inline_task) run_inline(*inline_task);
+    return work;
   }
 
   // A wait expired (called by the Work): break the communicator so that nothing later runs out
@@ -187,18 +209,34 @@ class Engine final : public std::enable_shared_from_this<Engine> {
                                          " communicator is broken by an earlier failure: " + broken_));
   }
 
-  WorkHandle submit(std::string description, std::optional<Descriptor> descriptor, std::function<void()> body) {
-    auto work = std::make_shared<CpuWork>(description, timeout_ + kWaitGrace, weak_from_this());
+  // Queues an operation for the communication thread, or, when the caller is about to wait for
+  // it (CallerWaits) and nothing is queued or running, hands it back in `inline_task` to run on
+  // the calling thread: it then counts as running, so anything submitted meanwhile queues
+  // behind it and the communication thread waits for it.
+  WorkHandle submit(std::string description, std::optional<Descriptor> descriptor, std::function<void()> body,
+                    std::optional<Task>& inline_task) {
+    auto work = std::make_shared<CpuWork>(descriptor, std::move(description), timeout_ + kWaitGrace, weak_from_this());
+    const bool caller_waits = CallerWaits::take();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!broken_.empty()) {
-        detail::throw_error(description, ": the ", backend_->name(), " communicator is broken by an earlier failure: ",
-                            broken_);
+        detail::throw_error(work->description(), ": the ", backend_->name(),
+                            " communicator is broken by an earlier failure: ", broken_);
+      }
+      if (caller_waits && queue_.empty() && running_ == nullptr) {
+        running_ = work.get();
+        inline_task = Task{work, descriptor, std::move(body)};
+        return work;
       }
       queue_.push_back({work, descriptor, std::move(body)});
     }
     queue_changed_.notify_one();
     return work;
+  }
+
+  void run_inline(Task& task) {
+    ThreadRankScope label(backend_->rank());
+    execute(task);
   }
 
   // The communication thread: runs the queue in order; the first failure breaks everything after.
@@ -208,7 +246,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        // One operation at a time: also none while a caller runs one itself (submit).
+        queue_changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && running_ == nullptr); });
         if (queue_.empty()) return;  // stopping, and nothing left
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -219,22 +258,30 @@ class Engine final : public std::enable_shared_from_this<Engine> {
         }
         running_ = task.work.get();
       }
-      std::exception_ptr failure;
-      try {
-        if (task.descriptor) verify(*task.descriptor);
-        task.body();
-      } catch (const std::exception& error) {
-        const Error wrapped(task.work->description() + " failed: " + backend_->explain(error.what()));
-        failure = std::make_exception_ptr(wrapped);
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (broken_.empty()) broken_ = wrapped.what();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        running_ = nullptr;
-      }
-      task.work->complete(failure);
+      execute(task);
     }
+  }
+
+  // Runs one operation that is marked running, completes its Work and lets the next one run.
+  void execute(Task& task) {
+    std::exception_ptr failure;
+    try {
+      if (task.descriptor) verify(*task.descriptor);
+      task.body();
+    } catch (const std::exception& error) {
+      const Error wrapped(task.work->description() + " failed: " + backend_->explain(error.what()));
+      failure = std::make_exception_ptr(wrapped);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (broken_.empty()) broken_ = wrapped.what();
+    }
+    bool queued = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = nullptr;
+      queued = !queue_.empty();
+    }
+    if (queued) queue_changed_.notify_one();  // an operation queued behind this one
+    task.work->complete(failure);
   }
 
   // Before every collective: do all ranks run the same one? The cheap form is one allreduce
@@ -288,7 +335,7 @@ void CpuWork::wait(std::chrono::milliseconds timeout) {
     }
   }
   std::ostringstream message;
-  message << description_ << " did not complete within " << limit.count()
+  message << description() << " did not complete within " << limit.count()
           << " ms of being issued: a peer may have skipped it, be stuck, or have died";
   if (auto engine = engine_.lock()) engine->expire(shared_from_this(), message.str(), issued_);
   std::lock_guard<std::mutex> lock(mutex_);

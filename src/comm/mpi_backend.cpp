@@ -2,8 +2,9 @@
 // so that no call blocks forever. f16/bf16 reduce through user-defined MPI operations that
 // combine in f32 (src/comm/reduce_functions.cpp); avg is sum then a division.
 //
-// Large allreduces run our own ring (reduce-scatter, then allgather) over nonblocking
-// point-to-point messages instead of MPI_Iallreduce: Open MPI's nonblocking allreduce (libnbc)
+// Small allreduces on power-of-two worlds run recursive doubling, large ones our own ring
+// (reduce-scatter, then allgather), both over nonblocking point-to-point messages instead of
+// MPI_Iallreduce: Open MPI's nonblocking allreduce (libnbc)
 // sends the whole buffer at every step, where the ring moves 2(n-1)/n of it in total and
 // reduces one segment while the next is in flight. That is what the blocking MPI_Allreduce
 // does for large messages, and it keeps the timeout (bench_collectives, docs/communication.md).
@@ -204,6 +205,9 @@ class MpiBackend final : public Backend {
     if (size_ > 1 && static_cast<std::size_t>(count) * dtype_size(dtype) >= kRingThresholdBytes) {
       return ring_allreduce(static_cast<std::byte*>(data), count, dtype, op);
     }
+    if (size_ > 1 && (size_ & (size_ - 1)) == 0) {
+      return doubling_allreduce(static_cast<std::byte*>(data), count, dtype, op);
+    }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, int_count(count, "allreduce"), mpi_type(dtype),
                                       mpi_op(dtype, op), comm_, &request));
@@ -294,6 +298,27 @@ class MpiBackend final : public Backend {
   // (r-s-1) from its left, reducing it into its own copy; after n-1 steps rank r holds the
   // final chunk (r+1). The allgather then passes the final chunks around the ring. Chunks are
   // cut into segments so the reduction of one overlaps the transfer of the next.
+  // Small allreduces on a power-of-two world: recursive doubling, log2(n) exchanges of the
+  // whole buffer with the partner rank ^ distance, what MPI_Allreduce itself does for small
+  // messages (Open MPI's nonblocking MPI_Iallreduce pays several microseconds more). The
+  // reductions are commutative, so both partners compute the same bits.
+  void doubling_allreduce(std::byte* data, std::int64_t count, DType dtype, ReduceOp op) {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    const ReduceFunction reduce = reduce_function(dtype, op);
+    scratch_.resize(std::max<std::size_t>(bytes, 1));
+    const int length = int_count(static_cast<std::int64_t>(bytes), "allreduce");
+    for (int distance = 1; distance < size_; distance *= 2) {
+      const int partner = rank_ ^ distance;
+      MPI_Request requests[2];
+      GRADSYNC_MPI_CHECK(MPI_Irecv(scratch_.data(), length, MPI_BYTE, partner, kDoublingTag, ring_comm_, &requests[0]));
+      GRADSYNC_MPI_CHECK(MPI_Isend(data, length, MPI_BYTE, partner, kDoublingTag, ring_comm_, &requests[1]));
+      complete(requests[0], "allreduce (recursive doubling receive)");
+      complete(requests[1], "allreduce (recursive doubling send)");
+      reduce(data, data, scratch_.data(), static_cast<std::size_t>(count));
+    }
+  }
+  static constexpr int kDoublingTag = 1;  // the ring's messages use tag 0 on ring_comm_
+
   void ring_allreduce(std::byte* data, std::int64_t count, DType dtype, ReduceOp op) {
     const int n = size_;
     const int right = (rank_ + 1) % n;
@@ -388,10 +413,18 @@ class MpiBackend final : public Backend {
   }
 
   // Polls the request until it completes or the timeout passes. Nonblocking collectives
-  // progress only inside MPI calls, so the thread keeps calling MPI_Test, yielding the core
-  // between calls (on an oversubscribed machine the peer ranks need it), and sleeps only once
-  // an operation has been pending for a long time.
+  // progress only inside MPI calls, so the thread keeps calling MPI_Test: a few hundred times
+  // back to back first (a small operation completes within microseconds, and a yield is a
+  // system call of about one), then yielding the core between calls (on an oversubscribed
+  // machine the peer ranks need it), and sleeping only once an operation has been pending for
+  // a long time.
   void complete(MPI_Request& request, const char* call) {
+    constexpr int kBusyPolls = 256;
+    for (int poll = 0; poll < kBusyPolls; ++poll) {
+      int done = 0;
+      GRADSYNC_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+    }
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       int done = 0;

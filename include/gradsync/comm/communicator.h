@@ -59,6 +59,25 @@ std::chrono::milliseconds resolve_rendezvous_timeout(std::chrono::milliseconds r
 // positive integer ("5s", "-1", "1e3", "") is an error naming the variable.
 std::chrono::milliseconds milliseconds_from_environment(const char* name, std::chrono::milliseconds fallback);
 
+// "The calling thread will wait for the next operation it issues, right away." The blocking
+// forms of Communicator set it around their call; a CPU communicator whose queue is empty then
+// runs that operation on the calling thread instead of handing it to its communication thread
+// and sleeping until woken (two thread hand-offs: most of the time of a small collective).
+// The order of operations, their checks and their timeouts are unchanged. Scoped, per thread,
+// consumed by the first submission.
+class CallerWaits {
+ public:
+  CallerWaits();
+  ~CallerWaits();
+  CallerWaits(const CallerWaits&) = delete;
+  CallerWaits& operator=(const CallerWaits&) = delete;
+  // True once per scope: for the first operation the thread submits inside it.
+  static bool take();
+
+ private:
+  bool previous_;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
@@ -106,21 +125,37 @@ class Communicator {
   virtual WorkHandle send_async(const Tensor& tensor, int peer, int tag = 0) = 0;
   virtual WorkHandle recv_async(Tensor& tensor, int peer, int tag = 0) = 0;
 
-  // Blocking forms.
-  void allreduce(Tensor& tensor, ReduceOp op) { allreduce_async(tensor, op)->wait(); }
+  // Blocking forms. Each marks the caller as waiting (CallerWaits), so that a CPU communicator
+  // with nothing queued may run the operation on the calling thread.
+  void allreduce(Tensor& tensor, ReduceOp op) {
+    CallerWaits waiting;
+    allreduce_async(tensor, op)->wait();
+  }
   void allreduce(const Tensor& input, Tensor& output, ReduceOp op);  // out of place
-  void broadcast(Tensor& tensor, int root) { broadcast_async(tensor, root)->wait(); }
-  void allgather(const Tensor& input, Tensor& output) { allgather_async(input, output)->wait(); }
+  void broadcast(Tensor& tensor, int root) {
+    CallerWaits waiting;
+    broadcast_async(tensor, root)->wait();
+  }
+  void allgather(const Tensor& input, Tensor& output) {
+    CallerWaits waiting;
+    allgather_async(input, output)->wait();
+  }
   void allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
+    CallerWaits waiting;
     allgatherv_async(input, output, counts)->wait();
   }
   void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+    CallerWaits waiting;
     reduce_scatter_async(input, output, op)->wait();
   }
   void allreduce_coalesced(std::vector<Tensor> tensors, ReduceOp op) {
+    CallerWaits waiting;
     allreduce_coalesced_async(std::move(tensors), op)->wait();
   }
-  void barrier() { barrier_async()->wait(); }
+  void barrier() {
+    CallerWaits waiting;
+    barrier_async()->wait();
+  }
   void send(const Tensor& tensor, int peer, int tag = 0) { send_async(tensor, peer, tag)->wait(); }
   void recv(Tensor& tensor, int peer, int tag = 0) { recv_async(tensor, peer, tag)->wait(); }
 
@@ -128,7 +163,10 @@ class Communicator {
   // backend: a device communicator (NCCL) stages them through device memory, a CPU one runs
   // them as they are. The forms above stay strict: a tensor on the wrong device is an error.
   WorkHandle allreduce_host_async(Tensor& host, ReduceOp op);
-  void allreduce_host(Tensor& host, ReduceOp op) { allreduce_host_async(host, op)->wait(); }
+  void allreduce_host(Tensor& host, ReduceOp op) {
+    CallerWaits waiting;
+    allreduce_host_async(host, op)->wait();
+  }
   void broadcast_host(Tensor& host, int root);
   void allgather_host(const Tensor& input, Tensor& output);
   void allgatherv_host(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts);
