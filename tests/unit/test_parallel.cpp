@@ -3,6 +3,7 @@
 // the scalar conversion functions (every 16-bit value, and f32 edge cases).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -141,6 +142,38 @@ TEST(Parallel, VectorizedNarrowingMatchesTheScalarConversionsOnF32EdgeCases) {
     }
     EXPECT_EQ(mismatches, 0);
   }
+}
+
+// The reductions' association is fixed (1 Mi-element chunks in order; in each, eight double
+// lanes by element index mod 8, then the tail first, then the lanes): recomputed here by hand,
+// the results must match to the bit on either instruction set (meson runs this test a second
+// time with GRADSYNC_CPU_ISA=baseline).
+double expected_dot(const float* a, const float* b, std::int64_t n) {
+  constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  double total = 0;
+  for (std::int64_t begin = 0; begin < n; begin += kChunk) {
+    const std::int64_t count = std::min(kChunk, n - begin);
+    double lanes[8] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+      for (int lane = 0; lane < 8; ++lane) {
+        lanes[lane] += static_cast<double>(a[begin + i + lane]) * static_cast<double>(b[begin + i + lane]);
+      }
+    }
+    double sum = 0;
+    for (; i < count; ++i) sum += static_cast<double>(a[begin + i]) * static_cast<double>(b[begin + i]);
+    for (const double lane : lanes) sum += lane;
+    total = begin == 0 ? sum : total + sum;
+  }
+  return total;
+}
+
+TEST(Parallel, ReductionsFollowTheDocumentedAssociation) {
+  const std::int64_t n = 2'500'013;
+  const Tensor x = testing::random_tensor(n, DType::f32, 11);
+  const Tensor y = testing::random_tensor(n, DType::f32, 12);
+  EXPECT_EQ(ops::dot(x, y), expected_dot(x.data_as<float>(), y.data_as<float>(), n));
+  EXPECT_EQ(ops::squared_norm(x), expected_dot(x.data_as<float>(), x.data_as<float>(), n));
 }
 
 TEST(Parallel, ThreadCountIsConfigurable) {
