@@ -143,7 +143,7 @@ int main(int argc, char** argv) try {
                 gradient_bytes / (1 << 20), batch, ddp->data_parallel().reducer().bucket_count(), allreduce * 1e3);
     std::printf("%-8s %4s %10s %10s %10s %8s %12s", "strategy", "mb", "step ms", "local ms", "sync cost", "hidden",
                 "MiB/step");
-    if (!torch.empty()) std::printf(" %11s %11s", "torch ms", "ours/torch");
+    if (!torch.empty()) std::printf(" %11s %11s %14s %16s", "torch ms", "ours/torch", "torch sync ms", "sync ours/torch");
     std::printf("\n");
   }
   for (const std::string& m : split(microbatch_list)) {
@@ -160,8 +160,16 @@ int main(int argc, char** argv) try {
       if (comm->rank() == 0) {
         std::printf("%-8s %4d %10.1f %10.1f %9.2fx %7.0f%% %12.1f", name.c_str(), microbatches, step * 1e3, local * 1e3,
                     cost, std::clamp(1.0 - cost, 0.0, 1.0) * 100, bytes / (1 << 20));
+        // PyTorch's synchronization cost is its DDP step minus its compute-only step, as ours.
         const auto found = torch.find({name == "single" ? "no_sync" : name == "multi" ? "sync" : "", microbatches});
-        if (found != torch.end()) std::printf(" %11.1f %10.2fx", found->second * 1e3, step / found->second);
+        const auto torch_local = torch.find({"local", microbatches});
+        if (found != torch.end()) {
+          std::printf(" %11.1f %10.2fx", found->second * 1e3, step / found->second);
+          if (torch_local != torch.end()) {
+            const double torch_sync = found->second - torch_local->second;
+            std::printf(" %14.1f %15.2fx", torch_sync * 1e3, (step - local) / torch_sync);
+          }
+        }
         std::printf("\n");
       }
     }

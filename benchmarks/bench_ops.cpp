@@ -93,11 +93,12 @@ int main(int argc, char** argv) try {
               static_cast<long long>(n), f32_bytes / (1 << 20), num_threads());
   std::printf("memory: copy %.1f GB/s, read %.1f GB/s, in-place update %.1f GB/s -> ceiling %.1f GB/s\n\n",
               copy_rate, read_rate, update_rate, ceiling);
-  std::printf("%-18s %10s %10s %12s\n", "op", "ms", "GB/s", "vs ceiling");
+  std::printf("%-18s %10s %10s %12s %9s\n", "op", "ms", "GB/s", "vs ceiling", "vs copy");
   for (const Row& row : rows) {
     const double seconds = bench::best_seconds(repetitions, device, row.fn);
     const double bandwidth = bench::gigabytes_per_second(row.bytes, seconds);
-    std::printf("%-18s %10.2f %10.1f %11.2fx\n", row.name, seconds * 1e3, bandwidth, bandwidth / ceiling);
+    std::printf("%-18s %10.2f %10.1f %11.2fx %8.2fx\n", row.name, seconds * 1e3, bandwidth, bandwidth / ceiling,
+                bandwidth / copy_rate);
   }
   return 0;
 } catch (const std::exception& error) {

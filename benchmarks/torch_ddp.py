@@ -4,10 +4,13 @@
     python3 benchmarks/torch_ddp.py --ranks 2 --microbatches 1,4 --out torch_ddp.txt
 
 Model: 24 x (Linear(1024, 1024) + ReLU), 8 samples per microbatch, MSE loss, SGD(momentum
-0.9); one thread per rank (as our ranks). For each microbatch count: "sync" (every microbatch
-synchronized: MULTI) and "no_sync" (all but the last under no_sync: SINGLE). Median step time
-of 3 after a warm-up, the slowest rank's. Rank 0 writes "mode microbatches seconds" lines that
-bench_ddp --torch reads. Needs torch (Debian's python3-torch); never a dependency of gradsync.
+0.9); one thread per rank (as our ranks). For each microbatch count: "local" (the same model
+without DDP: torch's compute-only step), "sync" (every microbatch synchronized: MULTI) and
+"no_sync" (all but the last under no_sync: SINGLE). Median step time of 3 after a warm-up, the
+slowest rank's. Rank 0 writes "mode microbatches seconds" lines that bench_ddp --torch reads,
+which then compares synchronization costs (step minus compute-only step) as well as whole
+steps. Any torch works (a current one from PyPI, or Debian's python3-torch); never a dependency
+of gradsync.
 """
 import argparse
 import contextlib
@@ -30,22 +33,27 @@ def worker(rank, size, port, args):
     layers = []
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    model = DDP(torch.nn.Sequential(*layers))
+    local = torch.nn.Sequential(*layers)
+    local_optimizer = torch.optim.SGD(local.parameters(), lr=1e-4, momentum=0.9)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) if isinstance(layer, torch.nn.Linear)
+                                      else torch.nn.ReLU() for layer in layers]))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     x = torch.full((args.batch, args.width), 0.5)
     target = torch.zeros(args.batch, args.width)
     lines = []
     for microbatches in [int(m) for m in args.microbatches.split(",")]:
-        for mode in ("no_sync", "sync"):
+        for mode in ("local", "no_sync", "sync"):
+            net, opt = (local, local_optimizer) if mode == "local" else (model, optimizer)
+
             def step():
                 for mb in range(microbatches):
                     last = mb + 1 == microbatches
                     context = model.no_sync() if mode == "no_sync" and not last else contextlib.nullcontext()
                     with context:
-                        loss = torch.nn.functional.mse_loss(model(x), target) / microbatches
+                        loss = torch.nn.functional.mse_loss(net(x), target) / microbatches
                         loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
+                opt.step()
+                opt.zero_grad()
             step()
             times = []
             for _ in range(args.steps):
@@ -69,7 +77,7 @@ def worker(rank, size, port, args):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--microbatches", default="1,4")
     parser.add_argument("--layers", type=int, default=24)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+
+#include <sys/mman.h>
 #include <cstring>
 
 #include "gradsync/config.h"
@@ -34,11 +36,18 @@ bool cuda_compiled() { return GRADSYNC_WITH_CUDA != 0; }
 namespace {
 // Every host allocation is 256-byte aligned: vector loads and cache lines never straddle the
 // start of a buffer, and it is what cudaMalloc guarantees on the device side.
+// Host buffers are 256-byte aligned. Large ones (arenas, optimizer state, buckets) are aligned
+// to 2 MiB and marked for transparent huge pages: a pass over hundreds of MiB then takes a
+// TLB miss per 2 MiB instead of per 4 KiB (bench_optimizers: a few percent of the step).
 void* host_allocate(std::size_t nbytes) {
-  constexpr std::size_t kAlignment = 256;
-  const std::size_t rounded = std::max<std::size_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* data = std::aligned_alloc(kAlignment, rounded);
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t alignment = nbytes >= 2 * kHugePage ? kHugePage : 256;
+  const std::size_t rounded = std::max<std::size_t>(alignment, (nbytes + alignment - 1) / alignment * alignment);
+  void* data = std::aligned_alloc(alignment, rounded);
   GRADSYNC_CHECK(data != nullptr, "out of host memory allocating ", nbytes, " bytes");
+#if defined(MADV_HUGEPAGE)
+  if (alignment == kHugePage) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+#endif
   return data;
 }
 }  // namespace
