@@ -3,8 +3,8 @@
 # Sanitizer (build-asan/) or ThreadSanitizer (build-tsan/), then run.
 #
 #   scripts/sanitize.sh asan            unit + multirank suites under ASan+UBSan (what CI runs)
-#   scripts/sanitize.sh tsan            the communication tests under TSan (what CI runs:
-#                                       test_gloo, test_failures, test_dist; about 5 minutes)
+#   scripts/sanitize.sh tsan            the threaded tests under TSan (what CI runs: test_gloo,
+#                                       test_failures, test_dist, test_parallel; about 6 minutes)
 #   scripts/sanitize.sh tsan --all      every multirank test under TSan (longer; by hand)
 #   scripts/sanitize.sh asan -- NAME..  just these meson tests
 #
@@ -67,6 +67,6 @@ elif $all; then
 else
   # The big sweeps of test_gloo (world 8, worlds 3-4 with 1M elements) take minutes under TSan
   # and add no thread interleaving the world-2 sweep lacks: --all runs them.
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist \
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4"
 fi
