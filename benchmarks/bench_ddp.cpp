@@ -22,6 +22,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "gradsync/core/timeline.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/nn/data_parallel_module.h"
@@ -69,11 +70,11 @@ int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_ddp [--backend auto|mpi|gloo] [--microbatches 1,4] [--strategies single,multi,forced]\n"
                            "          [--layers 24] [--width 1024] [--batch 8 (samples per microbatch)] [--steps 5]\n"
-                           "          [--torch FILE (from benchmarks/torch_ddp.py)]\n"
+                           "          [--torch FILE (from benchmarks/torch_ddp.py)] [--timeline-cost PATH]\n"
                            "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
                            "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
                            {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
-                            "--backend"});
+                            "--backend", "--timeline-cost"});
   const std::string microbatch_list = flags.text("--microbatches", "1,4");
   const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
   const std::string torch_path = flags.text("--torch", "");
@@ -82,6 +83,8 @@ int main(int argc, char** argv) try {
   const int width = static_cast<int>(flags.integer("--width", 1024));
   const int batch = static_cast<int>(flags.integer("--batch", 8));
   const int steps = static_cast<int>(flags.integer("--steps", 5));
+  // The timeline's cost: the SINGLE step with it off, then recording into PATH (.rank<R>).
+  const std::string timeline_path = flags.text("--timeline-cost", "");
   auto comm = comm::connect(backend);
   const auto torch = read_torch(torch_path);
 
@@ -172,6 +175,29 @@ int main(int argc, char** argv) try {
         }
         std::printf("\n");
       }
+    }
+  }
+  if (!timeline_path.empty()) {
+    const int microbatches = std::stoi(split(microbatch_list).back());
+    const auto single = dist::DDPSyncStrategy::single_auto_sync;
+    const double off = median_step([&] { run_step(*ddp, microbatches, single); });
+    timeline::start(timeline_path, comm->rank());
+    const double on = median_step([&] { run_step(*ddp, microbatches, single); });
+    timeline::stop();
+    // Off, an event site is one relaxed atomic load: its cost, times the events of a step,
+    // bounds the difference to a build without the timeline.
+    constexpr int kCalls = 10'000'000;
+    const auto start = Clock::now();
+    for (int i = 0; i < kCalls; ++i) {
+      if (timeline::enabled()) timeline::instant("bench", "ready " + std::to_string(i));  // as the call sites
+    }
+    const double per_call = std::chrono::duration<double>(Clock::now() - start).count() / kCalls;
+    const double events_per_step = 4.0 * microbatches * static_cast<double>(registry.size()) + 64;  // generous
+    if (comm->rank() == 0) {
+      std::printf("timeline: SINGLE x%d step %.1f ms off, %.1f ms on (%.2fx); off, an event site costs %.2f ns, "
+                  "about %.0f per step: %.5f%% of the step\n",
+                  microbatches, off * 1e3, on * 1e3, on / off, per_call * 1e9, events_per_step,
+                  100.0 * per_call * events_per_step / off);
     }
   }
   // Memory: the peak after the DataParallel steps over the peak of the same steps without it

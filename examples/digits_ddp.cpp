@@ -48,18 +48,25 @@ dist::DDPSyncStrategy strategy_from(const std::string& text, bool find_unused) {
 int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
-    std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused\n%s\n",
+    std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
+                "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n%s\n",
                 examples::kCommonHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--microbatches");
   const bool find_unused = flags.flag("--find-unused");
+  const double bucket_cap_mb = flags.number("--bucket-cap-mb", 0.0);  // 0: Composer's default (DDP's buckets)
   const dist::DDPSyncStrategy strategy = strategy_from(flags.text("--sync-strategy", ""), find_unused);
   flags.finish();
 
   // 1-2. The run, and the model made data-parallel.
   auto training = examples::prepare_training(options);
-  std::shared_ptr<nn::Module> model = nn::prepare_ddp_module(training->model, *training->comm, find_unused);
+  std::shared_ptr<nn::Module> model =
+      bucket_cap_mb > 0 && training->comm->size() > 1
+          ? std::make_shared<nn::DistributedDataParallel>(
+                training->model, *training->comm,
+                dist::DataParallelOptions{.bucket_cap_mb = bucket_cap_mb, .find_unused_parameters = find_unused})
+          : nn::prepare_ddp_module(training->model, *training->comm, find_unused);
   // DataParallel checks the model across ranks; the optimizer is ours to check (a rank started
   // with another --optimizer or --lr would otherwise train apart silently).
   dist::require_same_optimizer(*training->optimizer, *training->comm, "digits_ddp");

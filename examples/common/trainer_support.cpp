@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "gradsync/comm/connect.h"
+#include "gradsync/core/timeline.h"
 
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/kernels/ops.h"
@@ -264,6 +265,7 @@ void require_identical_replicas(comm::Communicator& comm, const ParameterRegistr
 
 const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu|cuda   --optimizer sgd|adam|adamw   --lr (0.05 sgd, else 0.003)
   --precision f32|bf16|fp16 (16-bit weights, f32 master weights; fp16 adds loss scaling)   --clip-norm C (0: off)
+  --timeline PATH (a Chrome trace per rank: PATH with .rank<R> before the extension; or GRADSYNC_TIMELINE)
   --momentum 0.9   --epochs 20   --batch 64 (global)   --hidden 64   --seed 1
   --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
@@ -298,6 +300,7 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
                  ": expected f32, bf16 or fp16");
   o.clip_norm = flags.number("--clip-norm", 0.0);
+  o.timeline = flags.text("--timeline", "");
   GRADSYNC_CHECK(o.clip_norm >= 0.0, "--clip-norm ", o.clip_norm, " must not be negative");
   return o;
 }
@@ -307,6 +310,7 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   // The communicator; with NCCL the GPU is the one chosen for this rank.
   t->comm = comm::connect(options.backend, options.device);
   t->device = t->comm->device_type().is_cuda() ? t->comm->device_type() : options.device;
+  if (!options.timeline.empty()) timeline::start(options.timeline, t->comm->rank());
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);
   t->split = split_dataset(t->data, options.holdout, options.seed, options.shuffle);
@@ -396,6 +400,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     save_checkpoint(options.save, t.registry, *t.optimizer, t.progress, t.scaler.get());
   }
   comm.barrier();  // the checkpoint is complete before any rank reports success
+  timeline::stop();
   if (rank == 0) std::printf("final held-out accuracy: %.2f%%\n", accuracy * 100);
   if (options.min_accuracy >= 0 && accuracy < options.min_accuracy) {
     if (rank == 0) std::fprintf(stderr, "%s: held-out accuracy %.4f is below --min-accuracy %.4f\n", name.c_str(), accuracy,

@@ -123,6 +123,7 @@ class Metrics {
 struct TrainerOptions {
   std::string backend, optimizer, data, init, save, resume, metrics;
   std::string precision = "f32";  // f32 | bf16 | fp16 (16-bit parameters, f32 master weights)
+  std::string timeline;           // --timeline PATH: a Chrome trace per rank (core/timeline.h)
   Device device;
   double lr = 0, momentum = 0, input_scale = 1, holdout = 0, min_accuracy = -1;
   double clip_norm = 0;  // clip gradients to this global norm (0: off)

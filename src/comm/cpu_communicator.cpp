@@ -3,6 +3,7 @@
 // rank issues its collectives in the same order, and overlap with the caller is free), and
 // completes the Work handles. A failure breaks the communicator: later operations fail at
 // once with the first error instead of running out of step with the other ranks.
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -14,6 +15,7 @@
 
 #include "backend.h"
 #include "collective.h"
+#include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
 
 namespace gradsync::comm {
@@ -119,6 +121,7 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   }
 
   void start() {
+    timeline::start_from_environment(backend_->rank());  // GRADSYNC_TIMELINE: now the rank is known
     worker_ = std::thread([self = shared_from_this()] { self->run(); });
   }
 
@@ -242,6 +245,9 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   // The communication thread: runs the queue in order; the first failure breaks everything after.
   void run() {
     ThreadRankScope label(backend_->rank());
+    // One track per communicator (a Reducer's duplicate has its own): numbered in creation order.
+    static std::atomic<int> communicators{0};
+    timeline::name_thread("communication " + std::to_string(++communicators) + " (" + backend_->name() + ")");
     for (;;) {
       Task task;
       {
@@ -266,6 +272,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   void execute(Task& task) {
     std::exception_ptr failure;
     try {
+      // On the timeline: the operation on the wire, on whichever thread runs it.
+      timeline::Span wire("wire", [&] { return task.work->description(); }, 0);
       if (task.descriptor) verify(*task.descriptor);
       task.body();
     } catch (const std::exception& error) {

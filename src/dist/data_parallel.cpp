@@ -1,5 +1,6 @@
 // DataParallel and the sync strategies (gradsync/dist/data_parallel.h).
 #include "gradsync/dist/data_parallel.h"
+#include "gradsync/core/timeline.h"
 
 #include <array>
 #include <cstdio>
@@ -29,6 +30,7 @@ struct DataParallel::Impl {
 
   int no_sync_depth = 0;
   bool in_backward = false;
+  bool timeline_backward = false;  // a backward span is open on the timeline
   bool backward_syncs = false;
   std::vector<bool> ready_this_backward;  // by registry index
   std::vector<bool> used_in_window;       // by registry index, since the last synced finalize
@@ -108,6 +110,8 @@ struct DataParallel::Impl {
     GRADSYNC_CHECK(!in_backward, "DataParallel::begin_backward: the previous backward was not ended (call end_backward())");
     in_backward = true;
     backward_syncs = no_sync_depth == 0;
+    timeline_backward = timeline::enabled();
+    if (timeline_backward) timeline::detail::begin("backward", backward_syncs ? "backward (synchronized)" : "backward (no_sync)");
     std::fill(ready_this_backward.begin(), ready_this_backward.end(), false);
   }
 
@@ -125,6 +129,13 @@ struct DataParallel::Impl {
   void end_backward() {
     GRADSYNC_CHECK(in_backward, "DataParallel::end_backward without a backward (no begin_backward() nor ready signal)");
     in_backward = false;
+    struct EndSpan {  // the backward's span ends after finalize, also when it throws
+      bool active;
+      ~EndSpan() {
+        if (active) timeline::detail::end();
+      }
+    } end_span{timeline_backward};
+    timeline_backward = false;
     if (backward_syncs) finalize(/*tolerate_missing=*/options.find_unused_parameters);
   }
 
@@ -145,6 +156,7 @@ struct DataParallel::Impl {
     std::int32_t* words = status.data_as<std::int32_t>();
     for (std::size_t i = 0; i < count; ++i) words[i] = used_in_window[parameters[i]->index()] ? 1 : 0;
     if (!tolerate_missing && !missing.empty()) words[count + static_cast<std::size_t>(comm.rank())] = 1;
+    timeline::instant("status", "status allreduce");
     comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
     try {
       reducer->wait();

@@ -1,5 +1,6 @@
 // The Reducer (gradsync/dist/reducer.h): buckets over the gradient arena, ordered async launch.
 #include "gradsync/dist/reducer.h"
+#include "gradsync/core/timeline.h"
 
 #include <algorithm>
 #include <cmath>
@@ -296,6 +297,11 @@ struct Reducer::Impl {
       ops::cast(bucket.flat, bucket.compressed);
       wire = &bucket.compressed;
     }
+    if (timeline::enabled()) {
+      std::string name = "launch bucket " + std::to_string(bucket.info.index) + ":";
+      for (const Parameter* member : bucket.info.members) name += " " + member->name();
+      timeline::instant("bucket", name);
+    }
     bucket.work = options.hook ? options.hook(comm, *wire, bucket.info) : comm.allreduce_async(*wire, options.op);
     GRADSYNC_CHECK(bucket.work != nullptr, "Reducer: the reduce hook returned no Work for bucket ", bucket.info.index);
     bucket.launched = true;
@@ -381,6 +387,7 @@ void Reducer::wait() {
   GRADSYNC_CHECK(all_launched(), "Reducer::wait: bucket ", impl_->next_to_launch,
                  " was never launched (call finish() first)");
   try {
+    timeline::Span blocked("wait", "wait");
     for (Impl::Bucket& bucket : impl_->buckets) impl_->complete(bucket);
   } catch (...) {
     impl_->fail(std::current_exception());  // waits for the later buckets before anyone reuses the arena

@@ -1,4 +1,5 @@
 #include "gradsync/io/safetensors.h"
+#include "gradsync/core/timeline.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -197,6 +198,7 @@ std::size_t file_size(int descriptor, const fs::path& path) {
 // Writing
 
 void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+  timeline::Span span("checkpoint", [&] { return "save " + path.filename().string(); }, 0);
   // Order as the reference library does: larger elements first, then by name. With a header
   // padded to 8 bytes, every tensor then starts at a multiple of its element size.
   std::vector<const NamedTensor*> order;

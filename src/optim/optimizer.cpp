@@ -1,4 +1,5 @@
 #include "gradsync/optim/optimizer.h"
+#include "gradsync/core/timeline.h"
 
 #include "gradsync/kernels/ops.h"
 
@@ -226,6 +227,7 @@ const GradientStatistics& Optimizer::gradient_statistics() {
 // The step: segments per arena, one fused update each.
 
 void Optimizer::step() {
+  timeline::Span span("step", "optimizer step");
   const auto& arenas = registry_.arenas();
   std::vector<Segment> segments;
   for (std::size_t arena = 0; arena < arenas.size(); ++arena) {

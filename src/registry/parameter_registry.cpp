@@ -1,4 +1,5 @@
 #include "gradsync/registry/parameter_registry.h"
+#include "gradsync/core/timeline.h"
 
 #include <algorithm>
 #include <utility>
@@ -219,6 +220,7 @@ void ParameterRegistry::mark_ready(Parameter& parameter) {
   parameter.require_trainable("mark_ready");
   GRADSYNC_CHECK(parameter.grad_defined_, "mark_ready of parameter '", parameter.name_,
                  "': its gradient is undefined (write it with set_grad/grad_for_* first)");
+  if (timeline::enabled()) timeline::instant("ready", "ready " + parameter.name_);
   // Index loop over a vector that listeners may change: one may subscribe another (appended,
   // heard in this very call too, since the loop reads the size afresh) or
   // unsubscribe (its slot is emptied now and compacted once the outermost call returns).

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop
-# mixed_precision clip_norm.
+# mixed_precision clip_norm timeline.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -79,5 +79,10 @@ case $case_name in
     echo "total norm at step 1: one process $one, DataParallel $ddp, DistributedOptimizer $hvd"
     awk -v a="$one" -v b="$ddp" -v c="$hvd" 'function rel(x, y) { return (x > y ? x - y : y - x) / y }
       BEGIN { exit !(a > 0.1 && rel(b, a) < 1e-6 && rel(c, a) < 1e-6) }' ;;
+  timeline)  # a 2-rank run's trace: structure checked per rank, then merged into one file
+    "$source/scripts/launch.sh" 2 "$examples/digits_ddp" --backend gloo --max-steps 6 --microbatches 2 --quiet \
+      --bucket-cap-mb 0.0001 --timeline "$scratch/run.json"
+    "$build/tests/check_timeline" "$scratch/run.json" 2
+    python3 "$source/scripts/timeline_merge.py" "$scratch/run.json" ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac
