@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <sstream>
 #include <cstdlib>
 #include <cstring>
@@ -199,8 +200,27 @@ class GlooBackend final : public Backend {
     }
   }
 
-  // Gloo names a vanished peer by its address ("[127.0.0.1]:40123"): add its rank.
+  // Gloo names a vanished peer by an address ("[127.0.0.1]:40123") taken from its own pair
+  // bookkeeping, which does not always match the kernel's addresses (and so can point at the
+  // wrong rank). First ask the kernel: which peer's connection, recorded at rendezvous, is now
+  // closed or gone? When exactly one is, that is the peer. Else fall back to the addresses.
   std::string explain(const std::string& message) const override {
+    std::set<int> vanished;
+    if (message.find("closed") != std::string::npos || message.find("reset") != std::string::npos) {
+      for (const auto& [fd, connection] : connections_) {
+        sockaddr_storage remote{};
+        socklen_t length = sizeof remote;
+        char byte = 0;
+        const bool gone = ::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0 ||
+                          address_text(remote) != connection.remote ||
+                          ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+        if (gone) vanished.insert(connection.rank);
+      }
+      if (vanished.size() == 1) {
+        const std::string rank_text = std::to_string(*vanished.begin());
+        return message + " (the connection to rank " + rank_text + " is closed: the peer is rank " + rank_text + ")";
+      }
+    }
     for (std::size_t peer = 0; peer < peer_addresses_.size(); ++peer) {
       const std::string& address = peer_addresses_[peer];
       if (!address.empty() && message.find(address) != std::string::npos) {
@@ -211,6 +231,11 @@ class GlooBackend final : public Backend {
       if (message.find(address) != std::string::npos) {
         return message + " (" + address + " is rank " + std::to_string(peer) + ")";
       }
+    }
+    if (!vanished.empty()) {  // several connections closed, and the address names none of them
+      std::string ranks;
+      for (const int peer : vanished) ranks += (ranks.empty() ? "rank " : " or rank ") + std::to_string(peer);
+      return message + " (connections closed: the peer is " + ranks + ")";
     }
     return message;
   }
@@ -286,19 +311,27 @@ class GlooBackend final : public Backend {
   // threads of one process all claim the same sockets, and are left to the table above).
   void learn_socket_addresses() {
     std::string mine;
+    std::vector<std::pair<int, std::string>> remotes;  // our connected sockets: fd, peer address
     std::error_code error;
     for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end; it.increment(error)) {
       const std::string name = it->path().filename().string();
       if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
       const int fd = std::stoi(name);
-      sockaddr_storage local{};
       sockaddr_storage remote{};
-      socklen_t local_length = sizeof local;
       socklen_t remote_length = sizeof remote;
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_length) == 0) {
+        const std::string text = address_text(remote);
+        if (!text.empty()) remotes.emplace_back(fd, text);
+      }
+      // Every socket, connected or not yet: a connection Gloo is still completing already has
+      // its local (ephemeral) port, and a listening socket's address is its owner's anyway.
+      sockaddr_storage local{};
+      socklen_t local_length = sizeof local;
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
-      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_length) != 0) continue;
       const std::string text = address_text(local);
       if (!text.empty()) mine += text + "\n";
+      // A socket listening on every address is reached at any of them: publish its port too.
+      if (text.rfind("[::]:", 0) == 0 || text.rfind("[0.0.0.0]:", 0) == 0) mine += text.substr(text.rfind(':')) + "\n";
     }
     mine.append((8 - mine.size() % 8) % 8, '\0');
     std::int64_t words = static_cast<std::int64_t>(mine.size() / 8);
@@ -324,6 +357,13 @@ class GlooBackend final : public Backend {
     for (const auto& [address, peer] : owner) {
       if (peer >= 0 && peer != rank()) socket_owner_[address] = peer;
     }
+    // Our connections whose other end a single peer claims (its local address, or its
+    // listening port when it listens on every address), for explain().
+    for (const auto& [fd, remote] : remotes) {
+      auto found = socket_owner_.find(remote);
+      if (found == socket_owner_.end()) found = socket_owner_.find(remote.substr(remote.rfind(':')));  // ":port"
+      if (found != socket_owner_.end()) connections_[fd] = Connection{remote, found->second};
+    }
   }
 
   // "[127.0.0.1]:40123", as Gloo prints addresses; empty for what is not IPv4/IPv6.
@@ -341,7 +381,9 @@ class GlooBackend final : public Backend {
     } else {
       return "";
     }
-    return "[" + std::string(host) + "]:" + std::to_string(port);
+    std::string text(host);
+    if (text.rfind("::ffff:", 0) == 0 && text.find('.') != std::string::npos) text = text.substr(7);  // v4-mapped
+    return "[" + text + "]:" + std::to_string(port);
   }
 
   std::shared_ptr<gloo::Context> context_;
@@ -354,6 +396,11 @@ class GlooBackend final : public Backend {
   bool waiting_receive_ = false;
   std::vector<std::string> peer_addresses_;  // by rank: how Gloo's messages name that peer
   std::map<std::string, int> socket_owner_;   // connected sockets' local addresses, by owning rank
+  struct Connection {
+    std::string remote;  // the peer's address, as the kernel reported it at rendezvous
+    int rank;
+  };
+  std::map<int, Connection> connections_;  // our sockets (fd) to single known peers
   std::chrono::milliseconds timeout_{300000};
   std::uint32_t tag_ = 0;
   std::uint32_t ring_operations_ = 0;
