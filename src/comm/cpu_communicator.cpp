@@ -245,9 +245,11 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   // The communication thread: runs the queue in order; the first failure breaks everything after.
   void run() {
     ThreadRankScope label(backend_->rank());
-    // One track per communicator (a Reducer's duplicate has its own): numbered in creation order.
+    // One track per communicator (a Reducer's duplicate has its own), numbered in creation
+    // order; named once the timeline records (it may start after this thread did).
     static std::atomic<int> communicators{0};
-    timeline::name_thread("communication " + std::to_string(++communicators) + " (" + backend_->name() + ")");
+    const std::string track = "communication " + std::to_string(++communicators) + " (" + backend_->name() + ")";
+    bool named = false;
     for (;;) {
       Task task;
       {
@@ -263,6 +265,10 @@ class Engine final : public std::enable_shared_from_this<Engine> {
           continue;
         }
         running_ = task.work.get();
+      }
+      if (!named && timeline::enabled()) {
+        timeline::name_thread(track);
+        named = true;
       }
       execute(task);
     }
