@@ -31,6 +31,7 @@ int main(int argc, char** argv) try {
   Tensor y = Tensor::empty({n}, DType::f32, device);
   Tensor out = Tensor::empty({n}, DType::f32, device);
   Tensor half = Tensor::empty({n}, DType::bf16, device);
+  Tensor f16 = Tensor::empty({n}, DType::f16, device);
   ops::fill(x, 1.25);
   ops::fill(y, -0.5);
 
@@ -85,6 +86,8 @@ int main(int argc, char** argv) try {
       {"add f32", 3 * f32_bytes, [&] { ops::add(x, y, out); }},
       {"cast f32->bf16", 1.5 * f32_bytes, [&] { ops::cast(x, half); }},
       {"cast bf16->f32", 1.5 * f32_bytes, [&] { ops::cast(half, out); }},
+      {"cast f32->f16", 1.5 * f32_bytes, [&] { ops::cast(x, f16); }},
+      {"cast f16->f32", 1.5 * f32_bytes, [&] { ops::cast(f16, out); }},
       {"dot f32", 2 * f32_bytes, [&] { ops::dot(x, y); }},
       {"squared_norm f32", f32_bytes, [&] { ops::squared_norm(x); }},
   };

@@ -30,7 +30,8 @@ namespace baseline {
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
+#define GRADSYNC_F16C 1
 namespace avx2 {
 #include "ops_loops.inc"
 
@@ -106,6 +107,7 @@ void narrow_bf16_streaming(const float* source, std::uint16_t* destination, std:
   _mm_sfence();
 }
 }  // namespace avx2
+#undef GRADSYNC_F16C
 #pragma GCC pop_options
 #endif
 

@@ -1,5 +1,5 @@
 // Internal: which instruction set the CPU loops use. The loops that matter are compiled twice,
-// for baseline x86-64 and for AVX2+FMA, each copy in its own namespace, and this picks one at
+// for baseline x86-64 and for AVX2+FMA (+F16C, which every AVX2 CPU has), each copy in its own namespace, and this picks one at
 // run time. Both copies round exactly alike (no contraction; std::fma is exact either way), so
 // results do not depend on the machine.
 #pragma once
@@ -16,7 +16,7 @@ inline bool cpu_has_avx2_fma() {
   static const bool supported = [] {
     const char* forced = std::getenv("GRADSYNC_CPU_ISA");
     if (forced != nullptr && std::string_view(forced) == "baseline") return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
   return supported;
 #else

@@ -8,6 +8,10 @@
 // bench_optimizers shows the result against memory bandwidth.
 #include "../optimizer_kernels.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "../optimizer_math.h"
 #include "../../core/parallel.h"
 #include "isa.h"
@@ -31,10 +35,12 @@ namespace baseline {
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
+#define GRADSYNC_F16C 1
 namespace avx2 {
 #include "optimizer_loops.inc"
 }  // namespace avx2
+#undef GRADSYNC_F16C
 #pragma GCC pop_options
 #endif
 
