@@ -1,6 +1,9 @@
 // DataParallel and the sync strategies (gradsync/dist/data_parallel.h).
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/core/timeline.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/join.h"
+#include "gradsync/kernels/ops.h"
 
 #include <array>
 #include <cstdio>
@@ -8,6 +11,7 @@
 #include <sstream>
 
 #include "consistency.h"
+#include "join_census.h"
 
 namespace gradsync::dist {
 
@@ -18,6 +22,10 @@ namespace {
 constexpr std::array<DDPSyncStrategy, 3> kCandidates{DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
                                                      DDPSyncStrategy::forced_sync};
 constexpr int kTrialWindows = 2;
+constexpr int kLastTrialWindow = kTrialWindows * static_cast<int>(kCandidates.size());
+// The status allreduce after the usage bitmap and the rank words: the carry flag, AUTO's
+// decision flag and its three summed trial times.
+constexpr std::size_t kTailWords = 5;
 }  // namespace
 
 struct DataParallel::Impl {
@@ -37,14 +45,16 @@ struct DataParallel::Impl {
   std::vector<int> last_used_counts;      // by position in `parameters`
   bool hook_registered = false;
 
-  // AUTO: window 0 warms up, windows 1-6 try SINGLE, SINGLE, MULTI, MULTI, FORCED, FORCED.
+  // AUTO: window 0 warms up, windows 1-6 try SINGLE, SINGLE, MULTI, MULTI, FORCED, FORCED;
+  // later windows use SINGLE until the decision, which rides on the next synchronized step's
+  // status allreduce (so a joined rank, shadowing that step, decides with everybody).
   struct AutoState {
     int window = 0;
     bool active = false;
     DDPSyncStrategy current = DDPSyncStrategy::single_auto_sync;
     Clock::time_point start;
     std::array<double, 3> seconds{};
-    bool decision_due = false;  // the trial windows are over: decide when the next one opens
+    bool decision_due = false;  // the trial windows are over: send the times with the next status
     std::optional<DDPSyncStrategy> chosen;
   } automatic;
 
@@ -54,15 +64,26 @@ struct DataParallel::Impl {
     AutoState& state = automatic;
     if (!final) return;
     const double seconds = std::chrono::duration<double>(Clock::now() - state.start).count();
-    if (state.window > 0) state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindows)] += seconds;
+    if (state.window > 0 && state.window <= kLastTrialWindow) {
+      state.seconds[static_cast<std::size_t>((state.window - 1) / kTrialWindows)] += seconds;
+    }
     state.active = false;
     ++state.window;
-    if (state.window == 1 + kTrialWindows * static_cast<int>(kCandidates.size())) state.decision_due = true;
+    if (state.window == kLastTrialWindow + 1) state.decision_due = true;
   }
 
-  // Every rank decides from the same summed times, at the same point (the opening of the first
-  // window after the trials, never inside an unwinding destructor): the same choice.
-  void decide_auto();
+  // Every rank decides from the same summed times, read from the same status allreduce: the
+  // same choice.
+  void decide_auto(const double* summed);
+
+  // The Join this rank is inside (join.h), or null.
+  const JoinOptions* join_options = nullptr;
+  // The gradients reduced by this step stay in place for the next synchronized step of the
+  // same window (MULTI_AUTO_SYNC before the final microbatch, set by DDPSyncContext): a joined
+  // rank then contributes them again instead of zeros, so the part already averaged is not
+  // shrunk by the joined ranks (docs/join.md).
+  bool step_carries = false;
+  bool last_step_carried = false;  // as the last status said
 
   Impl(ParameterRegistry& registry_, comm::Communicator& comm_, DataParallelOptions options_)
       : registry(registry_), comm(comm_), options(options_) {}
@@ -141,7 +162,8 @@ struct DataParallel::Impl {
 
   // The end of a synchronized step: every bucket launched (zero-filled where undefined), the
   // status allreduce at a fixed position, the waits, and the defined/undefined decision.
-  void finalize(bool tolerate_missing) {
+  // `join_flags`: this rank's join flags (join_census.h) when the step is a shadow step.
+  join_detail::Census finalize(bool tolerate_missing, int join_flags = 0) {
     const std::size_t count = parameters.size();
     const int world = comm.size();
     std::vector<bool> undefined_before(count);
@@ -151,12 +173,23 @@ struct DataParallel::Impl {
       if (!used_in_window[parameters[i]->index()]) missing.push_back(i);
     }
     reducer->finish();
-    // Status: [usage bitmap of the window | one "missed gradients" flag per rank], summed.
-    Tensor status = Tensor::zeros({static_cast<std::int64_t>(count) + world}, DType::i32);
-    std::int32_t* words = status.data_as<std::int32_t>();
+    // Status, summed: [usage bitmap of the window | one word of flags per rank | carry flag |
+    // AUTO's decision flag and trial times]. Doubles: the counts stay exact and the times fit.
+    const std::size_t ranks_at = count;
+    const std::size_t carry_at = count + static_cast<std::size_t>(world);
+    const std::size_t auto_at = carry_at + 1;
+    Tensor status = Tensor::zeros({static_cast<std::int64_t>(carry_at + kTailWords)}, DType::f64);
+    double* words = status.data_as<double>();
     for (std::size_t i = 0; i < count; ++i) words[i] = used_in_window[parameters[i]->index()] ? 1 : 0;
-    if (!tolerate_missing && !missing.empty()) words[count + static_cast<std::size_t>(comm.rank())] = 1;
-    timeline::instant("status", "status allreduce");
+    int flags = join_flags;
+    if (!tolerate_missing && !missing.empty()) flags |= join_detail::kMissedGradients;
+    words[ranks_at + static_cast<std::size_t>(comm.rank())] = flags;
+    if (join_flags == 0 && step_carries) words[carry_at] = 1;
+    if (automatic.decision_due) {
+      words[auto_at] = 1;
+      std::copy(automatic.seconds.begin(), automatic.seconds.end(), words + auto_at + 1);
+    }
+    timeline::instant("status", join_flags ? "status allreduce (joined)" : "status allreduce");
     comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
     try {
       reducer->wait();
@@ -171,18 +204,83 @@ struct DataParallel::Impl {
     }
     status_work->wait();
     std::fill(used_in_window.begin(), used_in_window.end(), false);
-    last_used_counts.assign(words, words + count);
+    last_used_counts.assign(count, 0);
+    for (std::size_t i = 0; i < count; ++i) last_used_counts[i] = static_cast<int>(words[i]);
+    const join_detail::Census census = join_detail::read_census(words + ranks_at, world);
+    last_step_carried = words[carry_at] > 0;
+    if (words[auto_at] > 0) decide_auto(words + auto_at + 1);
 
-    std::vector<int> missed_ranks;
-    for (int r = 0; r < world; ++r) {
-      if (words[count + static_cast<std::size_t>(r)] != 0) missed_ranks.push_back(r);
-    }
-    if (!missed_ranks.empty()) raise_missing(missing, missed_ranks);
+    if (!census.missed.empty()) raise_missing(join_flags ? std::vector<std::size_t>{} : missing, census.missed);
     // Globally unused parameters keep an undefined gradient (the zero-fill was only for the
     // collective); locally unused but globally used ones keep the reduced value.
     for (std::size_t i = 0; i < count; ++i) {
       if (last_used_counts[i] == 0 && undefined_before[i]) parameters[i]->zero_grad(/*set_to_undefined=*/true);
     }
+    if (census.joined > 0 && join_flags == 0) react_to_joined(census);
+    return census;
+  }
+
+  // An active rank's step in which `census.joined` ranks contributed zeros.
+  void react_to_joined(const join_detail::Census& census) {
+    const int world = comm.size();
+    if (join_options == nullptr) {
+      std::ostringstream ranks;
+      for (std::size_t k = 0; k < census.joined_ranks.size(); ++k) ranks << (k ? ", " : "") << census.joined_ranks[k];
+      detail::throw_error("rank ", ranks.str(), " joined (dist::Join: out of inputs) but this rank is not inside a Join ",
+                          "over this DataParallel: every rank must enter dist::Join for uneven inputs");
+    }
+    if (join_options->throw_on_early_termination) {
+      throw JoinEarlyTermination("Detected at least one rank that exhausted inputs. Throwing across all ranks.");
+    }
+    if (!join_options->divide_by_initial_world_size && !hook_registered && census.joined < world) {
+      // The buckets divided by the world size: make it the number of ranks still active.
+      const double factor = static_cast<double>(world) / static_cast<double>(world - census.joined);
+      for (Parameter* parameter : parameters) {
+        if (parameter->grad_defined()) ops::scale(parameter->grad_for_accumulate(), factor);
+      }
+    }
+  }
+
+  // join.h: this rank is out of inputs. Shadow steps until every rank has joined; then the
+  // last joiner's parameters, buffers (and optimizer state) everywhere. Returns that rank.
+  int join(optim::Optimizer* optimizer) {
+    GRADSYNC_CHECK(!in_backward, "Join::join inside a backward: call end_backward() first");
+    GRADSYNC_CHECK(!automatic.active, "Join::join inside a ddp_sync_context window: close the window first");
+    GRADSYNC_CHECK(!reducer->round_started(), "Join::join with a synchronized step half launched");
+    const int world = comm.size();
+    int flags = join_detail::kJoined | join_detail::kJoinedThisStep;
+    int last_joiner = comm.rank();
+    for (;;) {
+      // Zeros in every bucket: this rank's leftover gradients (a partial accumulation window)
+      // must not leak into the others' average, and it uses no parameter. Except when the
+      // others carry the last step's average into this one and the average divides by the
+      // initial world size: then this rank adds that average too, as each of them does.
+      const bool carry = last_step_carried && (join_options == nullptr || join_options->divide_by_initial_world_size);
+      if (!carry) {
+        for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+      }
+      std::fill(used_in_window.begin(), used_in_window.end(), false);
+      const join_detail::Census census = finalize(/*tolerate_missing=*/true, flags);
+      if (census.joined == world) {
+        last_joiner = census.last_joiner;
+        break;
+      }
+      if (join_options != nullptr && join_options->throw_on_early_termination) {
+        throw JoinEarlyTermination("Rank " + std::to_string(comm.rank()) + " exhausted all inputs.");
+      }
+      flags = join_detail::kJoined;
+    }
+    for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+    // The last joiner has taken every step: its replica is the one to keep.
+    for (const Arena& arena : registry.arenas()) {
+      Tensor values = arena.values;
+      comm.broadcast(values, last_joiner);
+    }
+    if (optimizer != nullptr) broadcast_optimizer_state(*optimizer, comm, last_joiner);
+    // An AUTO trial cut short by the join counted different windows on different ranks: start
+    // the trials again, everywhere alike.
+    if (!automatic.chosen) automatic = AutoState{};
+    return last_joiner;
   }
 
   [[noreturn]] void raise_missing(const std::vector<std::size_t>& missing, const std::vector<int>& missed_ranks) {
@@ -271,14 +369,11 @@ DDPSyncStrategy default_sync_strategy(bool find_unused_parameters) {
 }
 
 
-void DataParallel::Impl::decide_auto() {
+void DataParallel::Impl::decide_auto(const double* summed) {
   AutoState& state = automatic;
   state.decision_due = false;
-  Tensor times = Tensor::from_vector(std::vector<double>(state.seconds.begin(), state.seconds.end()), {3});
-  comm.allreduce_host(times, comm::ReduceOp::sum);
-  const std::vector<double> summed = times.to_double_vector();
   std::size_t best = 0;
-  for (std::size_t k = 1; k < summed.size(); ++k) {
+  for (std::size_t k = 1; k < kCandidates.size(); ++k) {
     if (summed[k] < summed[best]) best = k;
   }
   state.chosen = kCandidates[best];
@@ -295,15 +390,15 @@ DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPS
     : ddp_(ddp), final_(is_final_microbatch), strategy_(strategy), uncaught_(std::uncaught_exceptions()) {
   if (strategy_ == DDPSyncStrategy::auto_select) {
     auto& state = ddp_.impl_->automatic;
-    if (state.decision_due) ddp_.impl_->decide_auto();
     if (state.chosen) {
       strategy_ = *state.chosen;
     } else {
       if (!state.active) {
         state.active = true;
         state.start = Clock::now();
-        state.current = state.window == 0 ? DDPSyncStrategy::single_auto_sync
-                                          : kCandidates[static_cast<std::size_t>((state.window - 1) / kTrialWindows)];
+        const bool trial = state.window > 0 && state.window <= kLastTrialWindow;
+        state.current = trial ? kCandidates[static_cast<std::size_t>((state.window - 1) / kTrialWindows)]
+                              : DDPSyncStrategy::single_auto_sync;
       }
       strategy_ = state.current;
       auto_window_ = true;
@@ -312,12 +407,14 @@ DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPS
   const bool unsynced = (strategy_ == DDPSyncStrategy::single_auto_sync && !final_) ||
                         strategy_ == DDPSyncStrategy::forced_sync;
   if (unsynced) no_sync_.emplace(ddp_);
+  ddp_.impl_->step_carries = strategy_ == DDPSyncStrategy::multi_auto_sync && !final_;
 }
 
 void DDPSyncContext::close() {
   if (closed_) return;
   closed_ = true;
   no_sync_.reset();
+  ddp_.impl_->step_carries = false;
   if (!final_) return;
   if (strategy_ == DDPSyncStrategy::forced_sync) {
     try {
@@ -334,10 +431,46 @@ DDPSyncContext::~DDPSyncContext() noexcept(false) {
   if (std::uncaught_exceptions() > uncaught_) {
     closed_ = true;  // unwinding: restore no_sync, communicate nothing, but count the window
     no_sync_.reset();
+    ddp_.impl_->step_carries = false;
     if (auto_window_) ddp_.impl_->end_auto_window(final_);
     return;
   }
   close();
+}
+
+}  // namespace gradsync::dist
+
+// ---- Join (join.h) ---------------------------------------------------------------------------
+
+namespace gradsync::dist {
+
+Join::Join(DataParallel& ddp, JoinOptions options, optim::Optimizer* optimizer)
+    : ddp_(ddp), options_(options), optimizer_(optimizer), uncaught_(std::uncaught_exceptions()) {
+  if (!options_.enable) return;
+  GRADSYNC_CHECK(ddp_.impl_->join_options == nullptr, "Join: this DataParallel is already inside a Join");
+  ddp_.impl_->join_options = &options_;
+}
+
+Join::~Join() noexcept(false) {
+  if (!options_.enable || joined_) return;
+  if (std::uncaught_exceptions() > uncaught_) {  // unwinding: leave, communicating nothing
+    ddp_.impl_->join_options = nullptr;
+    return;
+  }
+  join();
+}
+
+int Join::join() {
+  GRADSYNC_CHECK(!joined_, "Join::join called twice");
+  joined_ = true;
+  if (!options_.enable) return ddp_.impl_->comm.rank();
+  struct Leave {  // the Join ends when join() does, also when it throws
+    DataParallel::Impl& impl;
+    ~Leave() { impl.join_options = nullptr; }
+  } leave{*ddp_.impl_};
+  if (ddp_.impl_->comm.size() == 1) return 0;
+  timeline::Span span("join", "join (shadowing)");
+  return ddp_.impl_->join(optimizer_);
 }
 
 }  // namespace gradsync::dist

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "consistency.h"
+#include "join_census.h"
 #include "gradsync/dist/adasum.h"
 #include "gradsync/kernels/ops.h"
 
@@ -376,17 +377,61 @@ struct DistributedOptimizer::Impl {
     guarded("synchronize", [&] { synchronize_unguarded(); });
   }
 
-  void synchronize_unguarded() {
+  // One synchronization: the buckets, a status allreduce with one word per rank (who has
+  // joined, join_census.h), the sparse allgathers, the waits. `join_flags` are this rank's
+  // flags when it is a shadow synchronization (join()).
+  join_detail::Census synchronize_unguarded(int join_flags = 0) {
     if (!distributed || adasum) {
       if (!distributed) densify_local_sparse();
       synchronized = true;
-      return;
+      return {};
     }
     if (reducer) reducer->finish();
-    reduce_sparse();
-    if (reducer) reducer->wait();
+    Tensor status = Tensor::zeros({comm.size()}, DType::f64);
+    status.data_as<double>()[comm.rank()] = join_flags;
+    comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
+    try {
+      reduce_sparse();
+      if (reducer) reducer->wait();
+    } catch (...) {
+      try {  // `status` is still being written: wait (bounded) before it goes away
+        status_work->wait();
+      } catch (...) {
+      }
+      throw;
+    }
+    status_work->wait();
     reset_counters();
     synchronized = true;
+    return join_detail::read_census(status.data_as<double>(), comm.size());
+  }
+
+  int join() {
+    GRADSYNC_CHECK(!adasum, "join is not supported with Adasum: its reduction happens inside a local optimizer step, "
+                            "which a rank without data cannot take");
+    GRADSYNC_CHECK(!(reducer && reducer->round_started()),
+                   "join() with this backward's reductions already launched: call step() or synchronize() first");
+    if (!distributed) return 0;
+    int flags = join_detail::kJoined | join_detail::kJoinedThisStep;
+    int last_joiner = comm.rank();
+    guarded("join", [&] {
+      for (;;) {
+        // Zeros: a partial accumulation window (or anything left in the buffers) must not
+        // reach the others' average.
+        reset_counters();
+        sparse_rows.clear();
+        for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+        const join_detail::Census census = synchronize_unguarded(flags);
+        if (census.joined == comm.size()) {
+          last_joiner = census.last_joiner;
+          break;
+        }
+        flags = join_detail::kJoined;
+      }
+      for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+      synchronized = false;
+    });
+    return last_joiner;
   }
 
   // Horovod's Adasum optimizer: a local step, then the Adasum of every rank's delta, added to
@@ -421,6 +466,7 @@ DistributedOptimizer::DistributedOptimizer(optim::Optimizer& optimizer, comm::Co
 DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::synchronize() { impl_->synchronize(); }
+int DistributedOptimizer::join() { return impl_->join(); }
 
 void DistributedOptimizer::step() {
   if (!impl_->distributed) {

@@ -57,8 +57,9 @@ struct Regression {
   }
 
   // Gradients of the mean loss over samples [begin, end), written and marked ready last
-  // layer first (b, then w), as an engine's backward would.
-  void backward(std::int64_t begin, std::int64_t end, bool mark_ready = true) {
+  // layer first (b, then w), as an engine's backward would. Without `with_bias` the bias's
+  // gradient is not written (a parameter this backward does not use); it is returned either way.
+  double backward(std::int64_t begin, std::int64_t end, bool mark_ready = true, bool with_bias = true) {
     const std::vector<double> wv = w->value().to_double_vector();
     const double bv = b->value().to_double_vector()[0];
     std::vector<double> gw(kFeatures, 0.0);
@@ -70,10 +71,13 @@ struct Regression {
       gb += error;
       for (std::int64_t f = 0; f < kFeatures; ++f) gw[static_cast<std::size_t>(f)] += error * x[static_cast<std::size_t>(s)][static_cast<std::size_t>(f)];
     }
-    b->accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(b->dtype()));
-    if (mark_ready) registry.mark_ready(*b);
+    if (with_bias) {
+      b->accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(b->dtype()));
+      if (mark_ready) registry.mark_ready(*b);
+    }
     w->accumulate_grad(Tensor::from_vector(gw, {kFeatures}).to(w->dtype()));
     if (mark_ready) registry.mark_ready(*w);
+    return gb;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include "comm_checks.h"
 #include "dist_scenarios.h"
+#include "join_scenarios.h"
 
 namespace gradsync {
 namespace {
@@ -66,5 +67,15 @@ TEST(MpiDist, ForceAllreduceWhenARankSkipsAParameter) { testing::force_allreduce
 TEST(MpiDist, AdasumMath) { testing::adasum_math(world()); }
 TEST(MpiDist, DataParallelEquivalence) { testing::data_parallel_equivalence(world()); }
 TEST(MpiDist, DataParallelMissingGradient) { testing::data_parallel_missing_gradient(world()); }
+// Uneven inputs on processes (docs/join.md): every strategy, both division rules.
+TEST(MpiJoin, DataParallelUnevenInputs) {
+  for (const dist::DDPSyncStrategy strategy : {dist::DDPSyncStrategy::single_auto_sync, dist::DDPSyncStrategy::multi_auto_sync,
+                                               dist::DDPSyncStrategy::forced_sync, dist::DDPSyncStrategy::auto_select}) {
+    testing::uneven_data_parallel(world(), {.optimizer = "adam", .strategy = strategy, .find_unused_parameters = true});
+    testing::uneven_data_parallel(world(), {.strategy = strategy, .divide_by_initial_world_size = false});
+  }
+}
+TEST(MpiJoin, DistributedOptimizerJoin) { testing::uneven_distributed_optimizer(world(), 2, /*sparse_bias=*/true); }
+TEST(MpiJoin, ThrowOnEarlyTermination) { testing::join_throws_on_early_termination(world()); }
 
 }  // namespace gradsync

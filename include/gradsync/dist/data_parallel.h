@@ -53,6 +53,7 @@ struct DataParallelOptions {
 };
 
 class DDPSyncContext;
+class Join;
 
 class DataParallel {
  public:
@@ -97,6 +98,7 @@ class DataParallel {
  private:
   friend class NoSync;
   friend class DDPSyncContext;
+  friend class Join;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

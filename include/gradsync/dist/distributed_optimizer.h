@@ -104,6 +104,18 @@ class DistributedOptimizer {
   // pass. Duplicate indices add, as in a coalesced sparse tensor.
   void set_sparse_grad(Parameter& parameter, const Tensor& indices, const Tensor& rows);
 
+  // Horovod's hvd.join(), for ranks with uneven data: this rank has no more. Until every rank
+  // has joined it takes part in the others' synchronizations with zeros (each synchronization
+  // ends with a small status allreduce that says who has joined; the others' Average still
+  // divides by the full world size, as Horovod's does; sparse gradients are allgathered with
+  // no rows), then returns the last rank to join (the highest, when several joined in the
+  // final synchronization), the same on every rank. Horovod leaves the replicas as they are:
+  // broadcast_parameters and broadcast_optimizer_state from the returned rank make them equal.
+  // Errors: with Adasum (its reduction happens inside a local step a joined rank cannot take)
+  // and with reductions already launched (call step() or synchronize() first). A partial
+  // accumulation window (fewer than backward_passes_per_step passes) is dropped. Collective.
+  int join();
+
   // Loads the wrapped optimizer's state and resets the accumulation counters (Horovod's
   // load_state_dict). An error while reductions are pending.
   void load_state(const std::filesystem::path& path);

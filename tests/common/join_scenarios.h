@@ -1,0 +1,226 @@
+// Uneven inputs (dist/join.h, DistributedOptimizer::join), written once against a
+// Communicator: run on Gloo ranks-as-threads (multirank/test_join.cpp, 2-4 ranks) and on MPI
+// processes (multirank/test_mpi.cpp). Each rank trains on a different number of batches; the
+// reference is computed independently on every rank by one model that takes, at every step,
+// the gradients of the ranks still active on the same samples, averaged by the same rule.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist_scenarios.h"
+#include "gradsync/dist/join.h"
+
+namespace gradsync::testing {
+
+struct UnevenCase {
+  std::string optimizer = "sgd";  // sgd (momentum 0.9) | adam
+  dist::DDPSyncStrategy strategy = dist::DDPSyncStrategy::single_auto_sync;
+  int microbatches = 2;
+  bool divide_by_initial_world_size = true;
+  bool find_unused_parameters = false;  // then ranks skip the bias at some steps
+  dist::Compression compression = dist::Compression::none;
+  std::vector<int> counts{3, 5, 2, 5};  // batches per rank and epoch; epoch e shifts them by e
+  int epochs = 2;
+  double tolerance = 2e-5;  // f32 sums in another order; fp16 compression needs more
+
+  int count(int rank, int epoch, int world) const {
+    return counts[static_cast<std::size_t>((rank + epoch) % world) % counts.size()];
+  }
+  std::string describe() const {
+    return optimizer + " " + dist::sync_strategy_name(strategy) + " x" + std::to_string(microbatches) +
+           (divide_by_initial_world_size ? " /initial" : " /active") + (find_unused_parameters ? " unused" : "") +
+           " " + dist::compression_name(compression);
+  }
+};
+
+inline std::unique_ptr<optim::Optimizer> make_test_optimizer(const std::string& kind, ParameterRegistry& registry) {
+  if (kind == "adam") {
+    return std::make_unique<optim::Adam>(registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999,
+                                                                        .eps = 1e-8, .weight_decay = 0.0,
+                                                                        .amsgrad = false, .maximize = false});
+  }
+  return std::make_unique<optim::SGD>(registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0,
+                                                                    .weight_decay = 0.0, .nesterov = false,
+                                                                    .maximize = false});
+}
+
+// The rank that joins last: the highest of those with the most batches.
+inline int expected_last_joiner(const std::vector<int>& counts) {
+  int last = 0;
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (counts[static_cast<std::size_t>(r)] >= counts[static_cast<std::size_t>(last)]) last = r;
+  }
+  return last;
+}
+
+// DataParallel inside dist::Join: weights equal to the reference after every epoch, on every rank.
+inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
+  SCOPED_TRACE(c.describe());
+  const int world = comm.size();
+  const int micro = c.microbatches;
+  const std::int64_t per_micro = 3;
+  int most = 0;
+  for (int e = 0; e < c.epochs; ++e) {
+    for (int r = 0; r < world; ++r) most = std::max(most, c.count(r, e, world));
+  }
+  const auto first_sample = [&](int epoch, int step, int rank, int mb) {
+    return (((static_cast<std::int64_t>(epoch) * most + step) * world + rank) * micro + mb) * per_micro;
+  };
+  const auto uses_bias = [&](int epoch, int step, int rank) {
+    return !c.find_unused_parameters || (epoch + step + rank) % 3 != 0;
+  };
+  const std::int64_t samples = first_sample(c.epochs, 0, 0, 0);
+  Regression model(samples);
+  Regression single(samples);
+  std::unique_ptr<optim::Optimizer> optimizer = make_test_optimizer(c.optimizer, model.registry);
+  std::unique_ptr<optim::Optimizer> reference = make_test_optimizer(c.optimizer, single.registry);
+  dist::DataParallel ddp(model.registry, comm,
+                         {.bucket_cap_mb = 1e-6,  // a bucket per parameter: several collectives to shadow
+                          .find_unused_parameters = c.find_unused_parameters,
+                          .compression = c.compression});
+
+  for (int epoch = 0; epoch < c.epochs; ++epoch) {
+    std::vector<int> counts;
+    for (int r = 0; r < world; ++r) counts.push_back(c.count(r, epoch, world));
+    dist::Join join(ddp, {.divide_by_initial_world_size = c.divide_by_initial_world_size}, optimizer.get());
+    for (int step = 0; step < counts[static_cast<std::size_t>(comm.rank())]; ++step) {
+      for (int mb = 0; mb < micro; ++mb) {
+        auto context = dist::ddp_sync_context(ddp, mb + 1 == micro, c.strategy);
+        ddp.begin_backward();
+        const std::int64_t begin = first_sample(epoch, step, comm.rank(), mb);
+        model.backward(begin, begin + per_micro, true, uses_bias(epoch, step, comm.rank()));
+        ddp.end_backward();
+        context.close();
+      }
+      optimizer->step();
+      optimizer->zero_grad();
+    }
+    EXPECT_EQ(join.join(), expected_last_joiner(counts)) << "epoch " << epoch;
+
+    // The reference: the ranks still active at each step, averaged by the same rule.
+    const int steps = *std::max_element(counts.begin(), counts.end());
+    for (int step = 0; step < steps; ++step) {
+      int active = 0;
+      bool bias_used = false;
+      for (int r = 0; r < world; ++r) {
+        if (step >= counts[static_cast<std::size_t>(r)]) continue;
+        ++active;
+        bias_used = bias_used || uses_bias(epoch, step, r);
+        for (int mb = 0; mb < micro; ++mb) {
+          const std::int64_t begin = first_sample(epoch, step, r, mb);
+          single.backward(begin, begin + per_micro, /*mark_ready=*/false, uses_bias(epoch, step, r));
+        }
+      }
+      const double divisor = c.divide_by_initial_world_size ? world : active;
+      ops::scale(single.w->grad_for_accumulate(), 1.0 / divisor);
+      if (bias_used) ops::scale(single.b->grad_for_accumulate(), 1.0 / divisor);
+      reference->step();
+      reference->zero_grad();
+    }
+    expect_near_vectors("w after epoch " + std::to_string(epoch), model.w->value().to_double_vector(),
+                        single.w->value().to_double_vector(), c.tolerance);
+    expect_near_vectors("b after epoch " + std::to_string(epoch), model.b->value().to_double_vector(),
+                        single.b->value().to_double_vector(), c.tolerance);
+  }
+  // After the joins every rank opens its windows with the same strategy (AUTO: the same
+  // decision, or the trials restarted everywhere).
+  auto context = dist::ddp_sync_context(ddp, /*is_final_microbatch=*/false, c.strategy);
+  Tensor chosen = Tensor::from_vector(std::vector<double>{static_cast<double>(context.strategy())}, {1});
+  Tensor all = Tensor::zeros({world}, DType::f64);
+  comm.allgather(chosen, all);
+  for (const double other : all.to_double_vector()) EXPECT_EQ(other, static_cast<double>(context.strategy()));
+}
+
+// Horovod's join through the DistributedOptimizer: Average divides by the full world size,
+// with backward_passes_per_step and (optionally) the bias as a sparse parameter.
+inline void uneven_distributed_optimizer(comm::Communicator& comm, int passes, bool sparse_bias) {
+  SCOPED_TRACE("passes " + std::to_string(passes) + (sparse_bias ? " sparse bias" : ""));
+  const int world = comm.size();
+  const std::vector<int> counts_of{4, 2, 5, 3};
+  std::vector<int> counts;
+  for (int r = 0; r < world; ++r) counts.push_back(counts_of[static_cast<std::size_t>(r)]);
+  const int steps = *std::max_element(counts.begin(), counts.end());
+  const std::int64_t per_pass = 4;
+  const auto first_sample = [&](int step, int rank, int pass) {
+    return ((static_cast<std::int64_t>(step) * world + rank) * passes + pass) * per_pass;
+  };
+  Regression model(first_sample(steps, 0, 0));
+  Regression single(first_sample(steps, 0, 0));
+  std::unique_ptr<optim::Optimizer> inner = make_test_optimizer("adam", model.registry);
+  std::unique_ptr<optim::Optimizer> reference = make_test_optimizer("adam", single.registry);
+  dist::DistributedOptimizerOptions options{.backward_passes_per_step = passes};
+  if (sparse_bias) options.sparse_parameters = {model.b};
+  dist::DistributedOptimizer optimizer(*inner, comm, options);
+  for (int step = 0; step < counts[static_cast<std::size_t>(comm.rank())]; ++step) {
+    for (int pass = 0; pass < passes; ++pass) {
+      const std::int64_t begin = first_sample(step, comm.rank(), pass);
+      const double bias_grad = model.backward(begin, begin + per_pass, true, /*with_bias=*/!sparse_bias);
+      if (sparse_bias) {
+        optimizer.set_sparse_grad(*model.b, Tensor::from_vector(std::vector<double>{0.0}, {1}).to(DType::i64),
+                                  Tensor::from_vector(std::vector<float>{static_cast<float>(bias_grad)}, {1, 1}));
+      }
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  const int last = optimizer.join();
+  EXPECT_EQ(last, expected_last_joiner(counts));
+  dist::broadcast_parameters(model.registry, comm, last);
+  dist::broadcast_optimizer_state(*inner, comm, last);
+
+  for (int step = 0; step < steps; ++step) {
+    for (int r = 0; r < world; ++r) {
+      if (step >= counts[static_cast<std::size_t>(r)]) continue;
+      for (int pass = 0; pass < passes; ++pass) {
+        const std::int64_t begin = first_sample(step, r, pass);
+        single.backward(begin, begin + per_pass, /*mark_ready=*/false);
+      }
+    }
+    ops::scale(single.w->grad_for_accumulate(), 1.0 / world);  // Horovod: the full size
+    ops::scale(single.b->grad_for_accumulate(), 1.0 / world);
+    reference->step();
+    reference->zero_grad();
+  }
+  expect_near_vectors("w", model.w->value().to_double_vector(), single.w->value().to_double_vector(), 2e-5);
+  expect_near_vectors("b", model.b->value().to_double_vector(), single.b->value().to_double_vector(), 2e-5);
+}
+
+// throw_on_early_termination: every rank raises at the same step, the one in which the first
+// rank ran out, and the ranks are still in step afterwards.
+inline void join_throws_on_early_termination(comm::Communicator& comm) {
+  const std::vector<int> counts_of{4, 2, 3, 5};
+  const int mine = counts_of[static_cast<std::size_t>(comm.rank())];
+  const int first_out = *std::min_element(counts_of.begin(), counts_of.begin() + comm.size());
+  Regression model(64 * comm.size());
+  dist::DataParallel ddp(model.registry, comm);
+  int steps = 0;
+  std::string message;
+  try {
+    dist::Join join(ddp, {.throw_on_early_termination = true});
+    for (int step = 0; step < mine; ++step) {
+      ddp.begin_backward();
+      model.backward(step * 2, step * 2 + 2);
+      ddp.end_backward();
+      model.registry.zero_grad();
+      ++steps;
+    }
+    join.join();
+    ADD_FAILURE() << "rank " << comm.rank() << " did not raise";
+  } catch (const dist::JoinEarlyTermination& error) {
+    message = error.what();
+  }
+  if (mine == first_out) {
+    EXPECT_NE(message.find("Rank " + std::to_string(comm.rank()) + " exhausted all inputs."), std::string::npos) << message;
+  } else {
+    EXPECT_NE(message.find("Detected at least one rank that exhausted inputs. Throwing across all ranks."),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(steps, first_out) << "every rank stops at the step where the first one ran out (its end_backward raises)";
+  comm.barrier();  // still in step
+}
+
+}  // namespace gradsync::testing
