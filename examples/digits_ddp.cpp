@@ -15,7 +15,11 @@
 //   4. Each microbatch runs inside nn::SyncContext with the chosen strategy (single, multi,
 //      forced, auto): the backward signals each layer's gradients, last layer first, and the
 //      buckets reduce while earlier layers still compute.
-//   5. One optimizer step per global batch, ended the same way for every precision
+//   5. With --uneven each rank has a different number of batches per epoch: the epoch runs
+//      inside dist::Join, and a rank out of batches shadows the others' synchronized steps
+//      until every rank is out (PyTorch's Join; --divide-by-active: the average over the
+//      ranks still active instead of the world size).
+//   6. One optimizer step per global batch, ended the same way for every precision
 //      (Training::finish_step): with --precision fp16 the loss gradient was multiplied by the
 //      loss scale and the step is skipped when a gradient overflowed; with --clip-norm the
 //      synchronized gradients are clipped to that global norm first. Each epoch prints the loss,
@@ -25,9 +29,11 @@
 //   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo --microbatches 2 --sync-strategy forced
 //   build/examples/digits_ddp --help
 #include <cstdio>
+#include <optional>
 
 #include "common/trainer_support.h"
 #include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/clip.h"
@@ -49,7 +55,7 @@ int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
-                "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n%s\n",
+                "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n%s\n",
                 examples::kCommonHelp);
     return 0;
   }
@@ -57,6 +63,7 @@ int main(int argc, char** argv) try {
   const bool find_unused = flags.flag("--find-unused");
   const double bucket_cap_mb = flags.number("--bucket-cap-mb", 0.0);  // 0: Composer's default (DDP's buckets)
   const dist::DDPSyncStrategy strategy = strategy_from(flags.text("--sync-strategy", ""), find_unused);
+  const bool divide_by_active = flags.flag("--divide-by-active");
   flags.finish();
 
   // 1-2. The run, and the model made data-parallel.
@@ -80,7 +87,7 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(training->micro), dist::sync_strategy_name(strategy));
   }
 
-  // 3-5. One step: the microbatches, each in the strategy's context, then the optimizer.
+  // 3, 4, 6. One step: the microbatches, each in the strategy's context, then the optimizer.
   const auto step = [&](const std::vector<std::int64_t>& order, std::int64_t first_row) {
     double step_loss = 0;
     for (std::int64_t mb = 0; mb < options.passes; ++mb) {
@@ -100,7 +107,20 @@ int main(int argc, char** argv) try {
     training->optimizer->zero_grad();
     return step_loss;
   };
-  return examples::run_training(*training, options, "digits_ddp", step);
+  // 5. Uneven inputs: each epoch inside a Join; the optimizer's state is made equal too.
+  std::optional<dist::Join> join;
+  auto* ddp = dynamic_cast<nn::DistributedDataParallel*>(model.get());  // null with one rank
+  const examples::UnevenInputs uneven{
+      .enter = [&] {
+        if (ddp) join.emplace(ddp->data_parallel(), dist::JoinOptions{.divide_by_initial_world_size = !divide_by_active},
+                              training->optimizer.get());
+      },
+      .join = [&] {
+        const int last = join ? join->join() : 0;
+        join.reset();
+        return last;
+      }};
+  return examples::run_training(*training, options, "digits_ddp", step, uneven);
 } catch (const std::exception& error) {
   std::fprintf(stderr, "digits_ddp: %s\n", error.what());
   return 1;

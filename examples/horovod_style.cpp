@@ -11,6 +11,8 @@
 //   * gradient clipping (--clip-norm) through DistributedOptimizer::clip_grad_norm, which does
 //     what Horovod users write by hand: synchronize(), clip the now-global gradient, then step()
 //     without synchronizing again;
+//   * --uneven: ranks with different numbers of batches; a rank out of them calls join()
+//     (hvd.join()), then every rank takes the last joiner's weights and optimizer state;
 //   * --precision bf16|fp16: 16-bit weights and gradients (reduced in 16 bits), f32 master
 //     weights; fp16 adds loss scaling, and a step whose gradients overflowed is skipped on
 //     every rank.
@@ -83,7 +85,15 @@ int main(int argc, char** argv) try {
     optimizer.zero_grad();
     return step_loss;
   };
-  return examples::run_training(*training, options, "horovod_style", step);
+  // --uneven: a rank out of batches calls hvd.join(); Horovod then leaves the replicas as they
+  // are, so the last rank to join (which took every step) gives everyone its weights and state.
+  const examples::UnevenInputs uneven{.enter = {}, .join = [&] {
+                                        const int last = optimizer.join();
+                                        dist::broadcast_parameters(training->registry, comm, last);
+                                        dist::broadcast_optimizer_state(*training->optimizer, comm, last);
+                                        return last;
+                                      }};
+  return examples::run_training(*training, options, "horovod_style", step, uneven);
 } catch (const std::exception& error) {
   std::fprintf(stderr, "horovod_style: %s\n", error.what());
   return 1;

@@ -269,7 +269,8 @@ const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu
   --momentum 0.9   --epochs 20   --batch 64 (global)   --hidden 64   --seed 1
   --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
-  --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet)";
+  --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet
+  --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs))";
 
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
   TrainerOptions o;
@@ -296,6 +297,9 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.min_accuracy = flags.number("--min-accuracy", -1);
   o.check_replicas = flags.flag("--check-replicas");
   o.quiet = flags.flag("--quiet");
+  o.uneven = flags.flag("--uneven");
+  GRADSYNC_CHECK(!(o.uneven && o.max_steps >= 0), "--uneven does not combine with --max-steps: ranks with different ",
+                 "numbers of steps would stop in different epochs (use --epochs)");
   o.precision = flags.text("--precision", "f32");
   GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
                  ": expected f32, bf16 or fp16");
@@ -328,7 +332,12 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   t->model = make_mlp(t->registry, t->data.features, options.hidden, t->data.classes, t->device, options.seed, dtype);
   t->optimizer = make_optimizer(options.optimizer, t->registry, options.lr, options.momentum,
                                 dtype == DType::f32 ? optim::MasterWeights::none : optim::MasterWeights::f32);
-  if (dtype == DType::f16) t->scaler = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, t->comm.get());
+  // The scaler's agreement allreduce is a collective of its own, which a joined rank does not
+  // shadow (docs/join.md); the reduced gradients it checks are bit-identical on every rank, so
+  // with --uneven each rank decides alone, alike.
+  if (dtype == DType::f16) {
+    t->scaler = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, options.uneven ? nullptr : t->comm.get());
+  }
   // --init may be an f32 file for a 16-bit model: the model gets the rounded values, the master
   // weights the exact ones.
   if (!options.init.empty()) {
@@ -355,8 +364,14 @@ void Training::finish_step(const TrainerOptions& options, const std::function<do
   }
 }
 
+std::int64_t steps_this_epoch(const TrainerOptions& options, std::int64_t steps_per_epoch, int rank, int world) {
+  if (!options.uneven) return steps_per_epoch;
+  return std::max<std::int64_t>(1, steps_per_epoch * (2 * world - rank) / (2 * world));
+}
+
 int run_training(Training& t, const TrainerOptions& options, const std::string& name,
-                 const std::function<double(const std::vector<std::int64_t>&, std::int64_t)>& step) {
+                 const std::function<double(const std::vector<std::int64_t>&, std::int64_t)>& step,
+                 const UnevenInputs& uneven) {
   using Clock = std::chrono::steady_clock;
   comm::Communicator& comm = *t.comm;
   const int rank = comm.rank();
@@ -369,7 +384,11 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     const std::vector<std::int64_t> order = epoch_order(t.shard, options.seed, epoch, rank, options.shuffle);
     double loss_sum = 0;
     std::int64_t samples = 0;
-    for (std::int64_t s = t.progress.step_in_epoch; s < t.steps_per_epoch; ++s) {
+    GRADSYNC_CHECK(!options.uneven || (uneven.join && t.progress.step_in_epoch == 0), name,
+                   ": --uneven needs a trainer that joins, and a checkpoint saved at the end of an epoch");
+    if (options.uneven && uneven.enter) uneven.enter();
+    const std::int64_t my_steps = steps_this_epoch(options, t.steps_per_epoch, rank, comm.size());
+    for (std::int64_t s = t.progress.step_in_epoch; s < my_steps; ++s) {
       const double loss = step(order, s * t.local_batch);
       loss_sum += loss * static_cast<double>(t.local_batch);
       samples += t.local_batch;
@@ -378,6 +397,20 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
         break;
+      }
+    }
+    if (options.uneven) {
+      // Out of batches: shadow the others until every rank is out, then carry on from the
+      // replica of the rank that took every step (its step count too).
+      const int last = uneven.join();
+      Tensor global_step = Tensor::from_vector(std::vector<double>{static_cast<double>(t.progress.global_step)}, {1});
+      comm.broadcast(global_step, last);
+      t.progress.global_step = static_cast<std::int64_t>(global_step.to_double_vector()[0]);
+      if (rank == 0 && !options.quiet) {
+        std::printf("epoch %3d: uneven inputs, the ranks took %lld down to %lld steps; rank %d joined last\n", epoch + 1,
+                    static_cast<long long>(my_steps),
+                    static_cast<long long>(steps_this_epoch(options, t.steps_per_epoch, comm.size() - 1, comm.size())),
+                    last);
       }
     }
     if (!stopped) t.progress = {epoch + 1, 0, t.progress.global_step};

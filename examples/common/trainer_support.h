@@ -131,6 +131,7 @@ struct TrainerOptions {
   std::int64_t batch = 0, hidden = 0, max_steps = -1, passes = 1;
   std::uint64_t seed = 1;
   bool shuffle = true, check_replicas = false, quiet = false;
+  bool uneven = false;  // --uneven: rank r trains on (2W - r) / 2W of its shard each epoch, then joins
 };
 // `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag);
@@ -168,8 +169,18 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options);
 // first_row + local_batch) and returns its mean loss; the run handles progress, metrics, the
 // per-epoch line (loss over all ranks, held-out accuracy, samples/s, elapsed), --max-steps,
 // --check-replicas, --save and --min-accuracy. Returns the process exit code.
+// Uneven inputs (--uneven): `enter` runs at the start of each epoch (enter the join), `join`
+// when this rank is out of batches for the epoch; it returns the last rank to join.
+struct UnevenInputs {
+  std::function<void()> enter;
+  std::function<int()> join;
+};
+// The number of steps rank `rank` of `world` takes per epoch: all of them, or with --uneven
+// fewer the higher the rank (rank 0 takes them all, the last rank about half).
+std::int64_t steps_this_epoch(const TrainerOptions& options, std::int64_t steps_per_epoch, int rank, int world);
 int run_training(Training& training, const TrainerOptions& options, const std::string& name,
-                 const std::function<double(const std::vector<std::int64_t>& order, std::int64_t first_row)>& step);
+                 const std::function<double(const std::vector<std::int64_t>& order, std::int64_t first_row)>& step,
+                 const UnevenInputs& uneven = {});
 
 // Every rank holds bit-identical weights (an allgather of a checksum of the bits); throws
 // naming the first rank that differs.

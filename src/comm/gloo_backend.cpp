@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <map>
 #include <set>
@@ -409,6 +410,13 @@ class GlooBackend final : public Backend {
 // The address this rank listens on: GRADSYNC_GLOO_HOST (an address or host name other ranks
 // can reach, for ranks on several machines), else loopback.
 std::shared_ptr<gloo::transport::Device> loopback_device() {
+  // A peer that died has closed its sockets, and Gloo's writes to them raise SIGPIPE, whose
+  // default action kills this process before the write can fail with EPIPE and become our
+  // error naming the peer. Python ignores SIGPIPE at startup (so PyTorch's Gloo never sees
+  // it); a C++ program starts with the default: ignore it, unless the program has its own
+  // handler.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   gloo::transport::tcp::attr attributes;
   const char* host = std::getenv("GRADSYNC_GLOO_HOST");
   attributes.hostname = host != nullptr ? host : "127.0.0.1";

@@ -4,15 +4,15 @@
 #include "gradsync/optim/clip.h"
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
 
-#include <unistd.h>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include "consistency.h"
 #include "join_census.h"
@@ -625,35 +625,48 @@ void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm,
 }
 
 void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
-  // The state travels as the optimizer's own checkpoint (safetensors bytes), so everything a
-  // checkpoint restores (buffers, step counts, hyperparameters) is restored here, with the
-  // same validation.
-  static std::atomic<int> counter{0};
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("gradsync-state-" + std::to_string(::getpid()) + "-" + std::to_string(comm.rank()) + "-" +
-                     std::to_string(counter++) + ".safetensors");
-  std::string bytes;
+  // The state travels as the contents of the optimizer's own checkpoint (state_tensors and
+  // state_metadata), so load_state validates it exactly as it validates a file: one message
+  // describes it (metadata, names, dtypes, shapes), one carries every tensor's bytes.
+  std::vector<io::NamedTensor> tensors;
+  nlohmann::json description;
   if (comm.rank() == root) {
-    optimizer.save_state(path);
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    std::filesystem::remove(path);
+    tensors = optimizer.state_tensors();
+    description["metadata"] = optimizer.state_metadata();
+    description["tensors"] = nlohmann::json::array();
+    for (const io::NamedTensor& tensor : tensors) {
+      description["tensors"].push_back({tensor.name, dtype_safetensors_name(tensor.tensor.dtype()), tensor.tensor.shape()});
+    }
   }
-  bytes = broadcast_bytes(comm, bytes, root);
+  description = nlohmann::json::parse(broadcast_bytes(comm, comm.rank() == root ? description.dump() : std::string(), root));
+  const auto aligned = [](std::size_t bytes) { return (bytes + 7) / 8 * 8; };
+  std::size_t total = 0;
   if (comm.rank() != root) {
-    {
-      std::ofstream out(path, std::ios::binary);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      GRADSYNC_CHECK(out.good(), "broadcast_optimizer_state: cannot write ", path.string());
+    for (const auto& entry : description["tensors"]) {
+      const Shape shape = entry[2].get<Shape>();
+      tensors.push_back({entry[0].get<std::string>(), Tensor::empty(shape, dtype_from_safetensors_name(entry[1].get<std::string>()))});
     }
-    try {
-      optimizer.load_state(path);
-    } catch (...) {
-      std::filesystem::remove(path);
-      throw;
-    }
-    std::filesystem::remove(path);
   }
+  for (const io::NamedTensor& tensor : tensors) total += aligned(tensor.tensor.nbytes());
+  Tensor packed = Tensor::zeros({static_cast<std::int64_t>(total / 8)}, DType::f64);  // 8-byte words
+  char* bytes = static_cast<char*>(packed.data());
+  std::size_t at = 0;
+  for (const io::NamedTensor& tensor : tensors) {
+    if (comm.rank() == root) {
+      const Tensor host = tensor.tensor.device().is_cpu() ? tensor.tensor : tensor.tensor.to(Device::cpu());
+      std::memcpy(bytes + at, host.data(), host.nbytes());
+    }
+    at += aligned(tensor.tensor.nbytes());
+  }
+  comm.broadcast_host(packed, root);
+  if (comm.rank() == root) return;
+  at = 0;
+  for (io::NamedTensor& tensor : tensors) {
+    std::memcpy(tensor.tensor.data(), bytes + at, tensor.tensor.nbytes());
+    at += aligned(tensor.tensor.nbytes());
+  }
+  optimizer.load_state(tensors, description["metadata"].get<io::Metadata>(),
+                       "rank " + std::to_string(root) + "'s optimizer state (broadcast_optimizer_state)");
 }
 
 }  // namespace gradsync::dist

@@ -309,14 +309,30 @@ void Optimizer::save_state(const std::filesystem::path& path) const {
 void Optimizer::load_state(const std::filesystem::path& path) { load_state(io::SafetensorsReader(path)); }
 
 void Optimizer::load_state(const io::SafetensorsReader& file) {
-  const std::string where = "optimizer state '" + file.path().string() + "'";
+  load_state_from("optimizer state '" + file.path().string() + "'", file.metadata(), file.tensors(),
+                  [&](const std::string& name) { return file.read(name); });
+}
+
+void Optimizer::load_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata,
+                           const std::string& origin) {
+  std::vector<io::TensorInfo> infos;
+  std::map<std::string, const Tensor*> by_name;
+  for (const io::NamedTensor& tensor : tensors) {
+    infos.push_back({tensor.name, tensor.tensor.dtype(), tensor.tensor.shape(), 0, 0});
+    by_name[tensor.name] = &tensor.tensor;
+  }
+  load_state_from(origin, metadata, infos, [&](const std::string& name) { return *by_name.at(name); });
+}
+
+void Optimizer::load_state_from(const std::string& where, const io::Metadata& metadata,
+                                const std::vector<io::TensorInfo>& tensors,
+                                const std::function<Tensor(const std::string&)>& read) {
   std::vector<std::string> differences;
   const auto differ = [&](auto&&... parts) {
     std::ostringstream line;
     (line << ... << parts);
     differences.push_back(line.str());
   };
-  const io::Metadata& metadata = file.metadata();
   for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) {
     GRADSYNC_CHECK(metadata.contains(key), where, " has no '", key, "' metadata: it is not an optimizer state");
   }
@@ -372,7 +388,7 @@ void Optimizer::load_state(const io::SafetensorsReader& file) {
     std::string key;
   };
   std::vector<Staged> staged;
-  for (const io::TensorInfo& info : file.tensors()) {
+  for (const io::TensorInfo& info : tensors) {
     if (!info.name.starts_with(kStatePrefix)) continue;  // e.g. model weights in the same file
     const std::string rest = info.name.substr(kStatePrefix.size());
     const std::size_t dot = rest.rfind('.');
@@ -406,7 +422,7 @@ void Optimizer::load_state(const io::SafetensorsReader& file) {
   // Stage the data, then commit: hyperparameters first (they validate, and are rolled back
   // if any is invalid), then steps, presence and buffers.
   std::vector<Tensor> data;
-  for (const Staged& entry : staged) data.push_back(file.read(entry.key));
+  for (const Staged& entry : staged) data.push_back(read(entry.key));
   std::vector<Hyperparameters> previous;
   for (std::size_t group = 0; group < groups_.size(); ++group) previous.push_back(hyperparameters(group));
   try {

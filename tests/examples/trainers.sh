@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop
-# mixed_precision clip_norm timeline.
+# mixed_precision clip_norm timeline uneven.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -84,5 +84,13 @@ case $case_name in
       --bucket-cap-mb 0.0001 --timeline "$scratch/run.json"
     "$build/tests/check_timeline" "$scratch/run.json" 2
     python3 "$source/scripts/timeline_merge.py" "$scratch/run.json" ;;
+  uneven)  # ranks with different numbers of batches (3 ranks: 23, 19 and 15 steps per epoch) join and reach the target
+    mpi3=(mpirun --allow-run-as-root --oversubscribe -np 3)
+    "${mpi3[@]}" "$examples/digits_ddp" --uneven --batch 60 --microbatches 2 --sync-strategy auto --epochs 20 \
+      --min-accuracy 0.95 --check-replicas --quiet
+    "${mpi3[@]}" "$examples/digits_ddp" --uneven --batch 60 --precision fp16 --divide-by-active --sync-strategy multi \
+      --microbatches 2 --epochs 20 --min-accuracy 0.95 --check-replicas --quiet
+    "$source/scripts/launch.sh" 3 "$examples/horovod_style" --backend gloo --uneven --batch 60 \
+      --backward-passes-per-step 2 --optimizer adam --epochs 20 --min-accuracy 0.95 --check-replicas --quiet ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -126,6 +127,9 @@ class Optimizer {
   // error listing every difference, and leaves this optimizer unchanged.
   void load_state(const std::filesystem::path& path);
   void load_state(const io::SafetensorsReader& file);
+  // The same from memory (state_tensors() and state_metadata() of another optimizer, e.g.
+  // received over a communicator); `origin` names them in errors.
+  void load_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata, const std::string& origin);
 
  protected:
   // One contiguous run of elements of one arena, to update with one group's hyperparameters.
@@ -177,6 +181,9 @@ class Optimizer {
   bool has_master(std::size_t arena) const { return master_buffer_ != kNoGroup && master_arena_[arena]; }
   DType state_dtype(std::size_t arena) const;
   void initialize_master_weights(std::size_t arena);
+  // load_state's one implementation, over a file or tensors in memory.
+  void load_state_from(const std::string& where, const io::Metadata& metadata, const std::vector<io::TensorInfo>& tensors,
+                       const std::function<Tensor(const std::string&)>& read);
 
   ParameterRegistry& registry_;
   std::vector<std::vector<Parameter*>> groups_;
