@@ -260,7 +260,12 @@ struct DataParallel::Impl {
         for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
       }
       std::fill(used_in_window.begin(), used_in_window.end(), false);
-      const join_detail::Census census = finalize(/*tolerate_missing=*/true, flags);
+      join_detail::Census census;
+      try {
+        census = finalize(/*tolerate_missing=*/true, flags);
+      } catch (const std::exception& error) {
+        join_detail::rethrow_from_shadow_step(error);
+      }
       if (census.joined == world) {
         last_joiner = census.last_joiner;
         break;

@@ -421,7 +421,12 @@ struct DistributedOptimizer::Impl {
         reset_counters();
         sparse_rows.clear();
         for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
-        const join_detail::Census census = synchronize_unguarded(flags);
+        join_detail::Census census;
+        try {
+          census = synchronize_unguarded(flags);
+        } catch (const std::exception& error) {
+          join_detail::rethrow_from_shadow_step(error);
+        }
         if (census.joined == comm.size()) {
           last_joiner = census.last_joiner;
           break;

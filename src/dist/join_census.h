@@ -4,7 +4,10 @@
 // this very step (docs/join.md).
 #pragma once
 
+#include <string>
 #include <vector>
+
+#include "gradsync/core/error.h"
 
 namespace gradsync::dist::join_detail {
 
@@ -32,6 +35,15 @@ inline Census read_census(const double* words, int world) {
   }
   census.joined = static_cast<int>(census.joined_ranks.size());
   return census;
+}
+
+// A failure during a shadow step, with what a joined rank was doing: most often the active
+// ranks issued a collective of their own, which has no partner here.
+[[noreturn]] inline void rethrow_from_shadow_step(const std::exception& error) {
+  throw Error(std::string("while this rank was joined (out of inputs) and shadowing the others' synchronized steps: ") +
+              error.what() +
+              "\n(a collective the active ranks issue outside their synchronized steps, such as a GradScaler with a "
+              "communicator or a metrics allreduce, has no partner on a joined rank: see docs/join.md)");
 }
 
 }  // namespace gradsync::dist::join_detail

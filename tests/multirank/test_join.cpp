@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "gradsync/io/safetensors.h"
+#include "gradsync/optim/grad_scaler.h"
 #include "join_scenarios.h"
 
 namespace gradsync {
@@ -114,6 +115,39 @@ TEST(Join, EveryRankMustBeInsideAJoin) {
     dist::Join join(ddp);
     EXPECT_EQ(join.join(), 0);
   });
+}
+
+// A collective the active ranks issue outside their synchronized steps (here the GradScaler's
+// agreement allreduce) has no partner on a joined rank: a clear error on both sides within
+// the timeout, never a hang.
+TEST(Join, AnUnshadowedCollectiveIsAClearError) {
+  comm::run_gloo_thread_group(
+      2,
+      [](Communicator& comm) {
+        testing::Regression model(64);
+        auto sgd = testing::make_test_optimizer("sgd", model.registry);
+        optim::GradScaler scaler({}, &comm);
+        dist::DataParallel ddp(model.registry, comm);
+        const auto train = [&] {
+          dist::Join join(ddp);  // left without joining when the error unwinds
+          for (int step = 0; step < (comm.rank() == 0 ? 3 : 1); ++step) {
+            ddp.begin_backward();
+            model.backward(step * 4, step * 4 + 4);
+            ddp.end_backward();
+            scaler.unscale(*sgd);
+            scaler.step(*sgd, [&] { sgd->step(); });
+            scaler.update();
+            sgd->zero_grad();
+          }
+          join.join();
+        };
+        if (comm.rank() == 0) {
+          EXPECT_GRADSYNC_ERROR(train(), "collective mismatch", "allreduce #", "(max), f32 x 1", "(sum), f64 x");
+        } else {
+          EXPECT_GRADSYNC_ERROR(train(), "while this rank was joined", "GradScaler");
+        }
+      },
+      {.timeout = std::chrono::milliseconds(10000)});
 }
 
 TEST(Join, Misuse) {
