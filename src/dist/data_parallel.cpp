@@ -119,6 +119,7 @@ struct DataParallel::Impl {
     reducer_options.compression = options.compression;
     reducer_options.op = comm::ReduceOp::sum;
     reducer_options.prescale = 1.0 / comm.size();  // divide before the sum, as PyTorch
+    reducer_options.reduce_scatter = options.shard_gradients;
     std::vector<Parameter*> backward_order(parameters.rbegin(), parameters.rend());
     reducer = std::make_unique<Reducer>(registry, comm, backward_order, std::vector<std::vector<Parameter*>>{},
                                         reducer_options);
@@ -327,6 +328,7 @@ bool DataParallel::in_backward() const { return impl_->in_backward; }
 bool DataParallel::sync_enabled() const { return impl_->no_sync_depth == 0; }
 void DataParallel::synchronize_all() { impl_->synchronize_all(); }
 const std::vector<int>& DataParallel::last_used_counts() const { return impl_->last_used_counts; }
+bool DataParallel::inside_join() const { return impl_->join_options != nullptr; }
 const Reducer& DataParallel::reducer() const { return *impl_->reducer; }
 comm::Communicator& DataParallel::communicator() const { return impl_->comm; }
 ParameterRegistry& DataParallel::registry() const { return impl_->registry; }
@@ -379,6 +381,7 @@ void DataParallel::Impl::decide_auto(const double* summed) {
   state.decision_due = false;
   std::size_t best = 0;
   for (std::size_t k = 1; k < kCandidates.size(); ++k) {
+    if (kCandidates[k] == DDPSyncStrategy::multi_auto_sync && options.shard_gradients) continue;
     if (summed[k] < summed[best]) best = k;
   }
   state.chosen = kCandidates[best];
@@ -408,6 +411,14 @@ DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPS
       strategy_ = state.current;
       auto_window_ = true;
     }
+  }
+  if (strategy_ == DDPSyncStrategy::multi_auto_sync && ddp_.impl_->options.shard_gradients) {
+    // Reduce-scattered buckets leave the reduced gradient in one piece per rank; a second
+    // synchronization in the window would reduce those pieces again.
+    GRADSYNC_CHECK(auto_window_, "multi_auto_sync does not combine with shard_gradients (ZeRO stage 2): it ",
+                   "synchronizes every microbatch, and reduce-scattered gradients cannot be reduced again; use ",
+                   "single_auto_sync or forced_sync");
+    strategy_ = DDPSyncStrategy::single_auto_sync;  // AUTO: MULTI's trial windows run SINGLE
   }
   const bool unsynced = (strategy_ == DDPSyncStrategy::single_auto_sync && !final_) ||
                         strategy_ == DDPSyncStrategy::forced_sync;

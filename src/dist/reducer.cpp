@@ -82,6 +82,23 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size
   return closed;
 }
 
+BucketShard shard_bucket(std::int64_t numel, int world, int rank) {
+  GRADSYNC_CHECK(world > 0 && rank >= 0 && rank < world && numel >= 0, "shard_bucket: rank ", rank, " of ", world,
+                 ", ", numel, " elements");
+  BucketShard shard;
+  shard.piece = (numel + world - 1) / world;
+  for (int r = 0; r < world; ++r) {
+    const std::int64_t begin = std::min(numel, shard.piece * r);
+    const std::int64_t end = std::min(numel, shard.piece * (r + 1));
+    shard.counts.push_back(end - begin);
+    if (r == rank) {
+      shard.begin = begin;
+      shard.count = end - begin;
+    }
+  }
+  return shard;
+}
+
 namespace {
 
 // The 16-bit dtype a bucket travels in, or the bucket's own dtype when it is not compressed.
@@ -116,6 +133,8 @@ struct Reducer::Impl {
     BucketInfo info;
     Tensor flat;        // arena view, or own buffer
     Tensor compressed;  // the wire buffer when compressing (created on first use)
+    Tensor padded;      // reduce_scatter: the wire buffer padded to world x piece, when it is not
+    Tensor piece;       // reduce_scatter: this rank's reduced piece
     std::vector<bool> ready;
     std::size_t pending = 0;
     bool launched = false;
@@ -221,8 +240,14 @@ struct Reducer::Impl {
       for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
         slot_of[bucket.info.members[m]->index()] = {buckets.size(), m};
       }
+      GRADSYNC_CHECK(!options.reduce_scatter || bucket.info.arena_view, "Reducer: reduce_scatter (ZeRO stage 2) needs ",
+                     "every bucket to be a view of the gradient arena, and bucket ", buckets.size(), " (",
+                     bucket.info.members[0]->name(), ", ...) is not: its members are not neighbours in their arena ",
+                     "(frozen parameters between them?)");
       buckets.push_back(std::move(bucket));
     }
+    GRADSYNC_CHECK(!(options.reduce_scatter && options.hook), "Reducer: reduce_scatter (ZeRO stage 2) and a reduce ",
+                   "hook do not combine: a hook reduces the whole bucket");
   }
 
   // A bucket whose members are neighbours in one arena is a view of it (zero copies);
@@ -302,11 +327,35 @@ struct Reducer::Impl {
       for (const Parameter* member : bucket.info.members) name += " " + member->name();
       timeline::instant("bucket", name);
     }
-    bucket.work = options.hook ? options.hook(comm, *wire, bucket.info) : comm.allreduce_async(*wire, options.op);
+    if (options.reduce_scatter) {
+      bucket.work = launch_reduce_scatter(bucket, *wire);
+    } else {
+      bucket.work = options.hook ? options.hook(comm, *wire, bucket.info) : comm.allreduce_async(*wire, options.op);
+    }
     GRADSYNC_CHECK(bucket.work != nullptr, "Reducer: the reduce hook returned no Work for bucket ", bucket.info.index);
     bucket.launched = true;
     stats.bytes_communicated += static_cast<std::int64_t>(wire->nbytes());
     ++stats.buckets_launched;
+  }
+
+  // ZeRO stage 2: the wire buffer (padded to world x piece when needed) reduce-scattered into
+  // this rank's piece.
+  comm::WorkHandle launch_reduce_scatter(Bucket& bucket, Tensor& wire) {
+    const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
+    const std::int64_t padded = shard.piece * comm.size();
+    Tensor* input = &wire;
+    if (padded != bucket.info.numel) {
+      if (!bucket.padded.defined() || bucket.padded.dtype() != wire.dtype()) {
+        bucket.padded = Tensor::zeros({padded}, wire.dtype(), bucket.info.device);  // the tail stays zero
+      }
+      Tensor head = bucket.padded.view(0, {bucket.info.numel});
+      ops::copy(wire, head);
+      input = &bucket.padded;
+    }
+    if (!bucket.piece.defined() || bucket.piece.dtype() != wire.dtype()) {
+      bucket.piece = Tensor::empty({shard.piece}, wire.dtype(), bucket.info.device);
+    }
+    return comm.reduce_scatter_async(*input, bucket.piece, options.op);
   }
 
   void complete(Bucket& bucket) {
@@ -314,6 +363,17 @@ struct Reducer::Impl {
     bucket.work->wait();
     stats.wait_blocked += std::chrono::steady_clock::now() - start;
     bucket.work.reset();
+    if (options.reduce_scatter) {
+      // Only this rank's piece is reduced: back into the bucket (decompressed), then scaled.
+      const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
+      if (shard.count > 0) {
+        Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.count});
+        ops::cast(bucket.piece.view(0, {shard.count}), mine);  // a copy when not compressed
+        if (options.postscale != 1.0) scale_gradient(mine, options.postscale);
+      }
+      for (Parameter* member : bucket.info.members) member->mark_grad_defined();
+      return;
+    }
     if (bucket.compressed.defined() && wire_dtype(bucket.info.dtype, options.compression) != bucket.info.dtype) {
       ops::cast(bucket.compressed, bucket.flat);
     }
@@ -421,6 +481,8 @@ void Reducer::set_scales(double prescale, double postscale) {
 }
 void Reducer::set_hook(ReduceHook hook) {
   GRADSYNC_CHECK(!impl_->started, "Reducer::set_hook during a round");
+  GRADSYNC_CHECK(!impl_->options.reduce_scatter, "Reducer::set_hook: this Reducer reduce-scatters its buckets (ZeRO ",
+                 "stage 2); a hook reduces the whole bucket and does not combine with it");
   impl_->options.hook = std::move(hook);
 }
 const Reducer::Stats& Reducer::stats() const { return impl_->stats; }

@@ -102,9 +102,9 @@ void Adam::update_arena(std::size_t arena, std::span<const Segment> segments) {
                     o.maximize, decoupled_, segment.grad_unscale, segment.grad_clip});
   }
   const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
-  void* exp_avg = state_buffer(arena, kExpAvg).data();
-  void* exp_avg_sq = state_buffer(arena, kExpAvgSq).data();
-  void* max_exp_avg_sq = needs_max ? state_buffer(arena, kMaxExpAvgSq).data() : nullptr;
+  void* exp_avg = state_data(arena, kExpAvg);
+  void* exp_avg_sq = state_data(arena, kExpAvgSq);
+  void* max_exp_avg_sq = needs_max ? state_data(arena, kMaxExpAvgSq) : nullptr;
   if (parameters.device.is_cpu()) {
     kernels::cpu::adam_update(buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
   } else {

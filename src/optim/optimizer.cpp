@@ -99,6 +99,7 @@ std::int64_t Optimizer::step_count(const Parameter& parameter) const {
 
 Tensor Optimizer::state(const Parameter& parameter, std::string_view buffer) const {
   require_optimized(parameter, "state");
+  if (sharded_) return Tensor();  // pieces on several ranks: dist/zero.h gathers them
   for (std::size_t b = 0; b < buffer_names_.size(); ++b) {
     if (buffer_names_[b] != buffer) continue;
     const Tensor& arena = buffers_[parameter.arena_index()][b];
@@ -116,18 +117,96 @@ Tensor& Optimizer::state_buffer(std::size_t arena, std::size_t buffer) {
   Tensor& tensor = buffers_.at(arena).at(buffer);
   if (!tensor.defined()) {
     const Arena& values = registry_.arenas()[arena];
-    tensor = Tensor::zeros(values.values.shape(), state_dtype(arena), values.device);
+    tensor = Tensor::zeros({state_elements(arena)}, state_dtype(arena), values.device);
   }
   return tensor;
 }
 
+namespace {
+void* shifted(void* base, DType dtype, std::int64_t elements) {
+  return static_cast<char*>(base) + static_cast<std::ptrdiff_t>(elements) * static_cast<std::ptrdiff_t>(dtype_size(dtype));
+}
+}  // namespace
+
+void* Optimizer::state_data(std::size_t arena, std::size_t buffer) {
+  return shifted(state_buffer(arena, buffer).data(), state_dtype(arena), state_shift_);
+}
+
 Optimizer::ArenaBuffers Optimizer::arena_buffers(std::size_t arena) {
   const Arena& a = registry_.arenas()[arena];
-  if (has_master(arena)) {
-    return {DType::f32, state_buffer(arena, master_buffer_).data(), a.grad_dtype, a.grads.data(), a.dtype,
-            a.values.data()};
+  void* grads = shifted(const_cast<void*>(a.grads.data()), a.grad_dtype, shift_);
+  void* values = shifted(const_cast<void*>(a.values.data()), a.dtype, shift_);
+  if (has_master(arena)) return {DType::f32, state_data(arena, master_buffer_), a.grad_dtype, grads, a.dtype, values};
+  return {a.dtype, values, a.grad_dtype, grads, a.dtype, nullptr};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharding
+
+void Optimizer::shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
+                      std::function<void(GradientStatistics&)> combine) {
+  GRADSYNC_CHECK(supports_sharding(), name(), ": this optimizer does not support sharding (its update_arena must use ",
+                 "state_data() and arena_buffers(), which sharding shifts to the owned ranges)");
+  GRADSYNC_CHECK(ranges_per_arena.size() == registry_.arenas().size(), name(), ": shard ranges for ",
+                 ranges_per_arena.size(), " arenas, the registry has ", registry_.arenas().size());
+  for (const auto& buffers : buffers_) {
+    for (const Tensor& buffer : buffers) GRADSYNC_CHECK(!buffer.defined(), name(), ": shard before the first step");
   }
-  return {a.dtype, a.values.data(), a.grad_dtype, a.grads.data(), a.dtype, nullptr};
+  shard_at_.assign(ranges_per_arena.size(), {});
+  for (std::size_t arena = 0; arena < ranges_per_arena.size(); ++arena) {
+    const std::int64_t size = registry_.arenas()[arena].values.numel();
+    std::int64_t previous_end = 0, packed = 0;
+    for (const ElementRange& range : ranges_per_arena[arena]) {
+      GRADSYNC_CHECK(range.begin >= previous_end && range.begin < range.end && range.end <= size, name(),
+                     ": shard range [", range.begin, ", ", range.end, ") of arena ", arena, " (", size,
+                     " elements) is empty, out of order or out of bounds");
+      shard_at_[arena].push_back(packed);
+      packed += range.end - range.begin;
+      previous_end = range.end;
+    }
+  }
+  shard_ = std::move(ranges_per_arena);
+  combine_statistics_ = std::move(combine);
+  sharded_ = true;
+  statistics_.reset();
+}
+
+const std::vector<Optimizer::ElementRange>& Optimizer::shard_ranges(std::size_t arena) const {
+  GRADSYNC_CHECK(sharded_ && arena < shard_.size(), name(), ": not sharded, or no arena ", arena);
+  return shard_[arena];
+}
+
+std::int64_t Optimizer::state_elements(std::size_t arena) const {
+  if (!sharded_) return registry_.arenas()[arena].values.numel();
+  std::int64_t total = 0;
+  for (const ElementRange& range : shard_[arena]) total += range.end - range.begin;
+  return total;
+}
+
+std::int64_t Optimizer::state_bytes() const {
+  std::int64_t total = 0;
+  for (const auto& buffers : buffers_) {
+    for (const Tensor& buffer : buffers) total += buffer.defined() ? static_cast<std::int64_t>(buffer.nbytes()) : 0;
+  }
+  return total;
+}
+
+std::vector<Optimizer::OwnedPiece> Optimizer::owned_pieces(const Parameter& parameter) const {
+  const auto begin = static_cast<std::int64_t>(parameter.arena_offset());
+  const std::int64_t end = begin + parameter.numel();
+  if (!sharded_) return {{begin, parameter.numel(), begin}};
+  std::vector<OwnedPiece> pieces;
+  const auto& ranges = shard_[parameter.arena_index()];
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    const std::int64_t lo = std::max(begin, ranges[r].begin), hi = std::min(end, ranges[r].end);
+    if (lo < hi) pieces.push_back({lo, hi - lo, shard_at_[parameter.arena_index()][r] + (lo - ranges[r].begin)});
+  }
+  return pieces;
+}
+
+void Optimizer::require_unsharded(const char* what) const {
+  GRADSYNC_CHECK(!sharded_, name(), "::", what, ": this optimizer is sharded (ZeRO): its state is spread over the ",
+                 "ranks; use the checkpoint functions of gradsync/dist/zero.h");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,8 +219,12 @@ void Optimizer::initialize_master_weights(std::size_t arena) {
   for (const std::size_t index : registry_.arenas()[arena].parameters) {
     Parameter& parameter = registry_[index];
     if (group_of_[index] == kNoGroup || !parameter.grad_defined() || (present_[index] & bit)) continue;
-    Tensor master = state_buffer(arena, master_buffer_).view(parameter.arena_offset(), parameter.shape());
-    ops::cast(parameter.value(), master);  // widening is exact
+    Tensor& master = state_buffer(arena, master_buffer_);
+    const Tensor values = registry_.arenas()[arena].values;
+    for (const OwnedPiece& piece : owned_pieces(parameter)) {
+      Tensor target = master.view(static_cast<std::size_t>(piece.state_offset), {piece.count});
+      ops::cast(values.view(static_cast<std::size_t>(piece.begin), {piece.count}), target);  // widening is exact
+    }
     present_[index] |= bit;
   }
 }
@@ -153,6 +236,7 @@ Tensor Optimizer::master_weight(const Parameter& parameter) const {
 }
 
 std::size_t Optimizer::load_master_weights(const io::SafetensorsReader& file) {
+  require_unsharded("load_master_weights");
   // Check everything first, so that a bad file changes nothing.
   std::vector<std::pair<Parameter*, const io::TensorInfo*>> entries;
   for (Parameter& parameter : registry_) {
@@ -218,7 +302,29 @@ const GradientStatistics& Optimizer::gradient_statistics() {
   if (!statistics_) {
     std::vector<Parameter*> all;
     for (const auto& group : groups_) all.insert(all.end(), group.begin(), group.end());
-    statistics_ = optim::gradient_statistics(all, grad_unscale_);
+    if (!sharded_) {
+      statistics_ = optim::gradient_statistics(all, grad_unscale_);
+    } else {
+      // The owned elements only: the reduced gradient lives there (ZeRO stage 2 reduces
+      // nothing else), and the ranks' statistics together cover every element once.
+      GradientStatistics total;
+      for (const Parameter* parameter : all) {
+        if (!parameter->grad_defined()) continue;
+        const Tensor& grads = registry_.arenas()[parameter->arena_index()].grads;
+        std::int64_t nonfinite = 0;
+        for (const OwnedPiece& piece : owned_pieces(*parameter)) {
+          const ops::NormStatistics one =
+              ops::norm_statistics(grads.view(static_cast<std::size_t>(piece.begin), {piece.count}), grad_unscale_);
+          total.sum_of_squares += one.sum_of_squares;
+          total.max_abs = std::max(total.max_abs, one.max_abs);
+          nonfinite += one.nonfinite;
+        }
+        total.nonfinite += nonfinite;
+        if (nonfinite > 0) total.nonfinite_parameters.push_back(parameter->name());
+      }
+      if (combine_statistics_) combine_statistics_(total);
+      statistics_ = total;
+    }
   }
   return *statistics_;
 }
@@ -254,7 +360,36 @@ void Optimizer::step() {
       previous_included = true;
     }
     if (segments.empty()) continue;
-    update_arena(arena, segments);
+    if (!sharded_) {
+      update_arena(arena, segments);
+    } else {
+      // Each owned range on its own: the segments clipped to it, relative to its start, with
+      // the buffers shifted there (arena_buffers, state_data).
+      std::vector<Segment> local;
+      for (std::size_t k = 0; k < shard_[arena].size(); ++k) {
+        const ElementRange& range = shard_[arena][k];
+        local.clear();
+        for (const Segment& segment : segments) {
+          const std::int64_t lo = std::max(segment.begin, range.begin);
+          const std::int64_t hi = std::min(segment.begin + segment.count, range.end);
+          if (lo >= hi) continue;
+          Segment piece = segment;
+          piece.begin = lo - range.begin;
+          piece.count = hi - lo;
+          local.push_back(piece);
+        }
+        if (local.empty()) continue;
+        shift_ = range.begin;
+        state_shift_ = shard_at_[arena][k];
+        try {
+          update_arena(arena, local);
+        } catch (...) {
+          shift_ = state_shift_ = 0;
+          throw;
+        }
+        shift_ = state_shift_ = 0;
+      }
+    }
     for (const std::size_t index : arenas[arena].parameters) {
       if (group_of_[index] == kNoGroup || !registry_[index].grad_defined()) continue;
       ++steps_[index];
@@ -275,6 +410,7 @@ void Optimizer::zero_grad(bool set_to_undefined) {
 // Checkpoints
 
 std::vector<io::NamedTensor> Optimizer::state_tensors() const {
+  require_unsharded("state_tensors");
   std::vector<io::NamedTensor> tensors;
   for (const Parameter& parameter : registry_) {
     if (group_of_[parameter.index()] == kNoGroup) continue;
@@ -327,6 +463,7 @@ void Optimizer::load_state(const std::vector<io::NamedTensor>& tensors, const io
 void Optimizer::load_state_from(const std::string& where, const io::Metadata& metadata,
                                 const std::vector<io::TensorInfo>& tensors,
                                 const std::function<Tensor(const std::string&)>& read) {
+  require_unsharded("load_state");
   std::vector<std::string> differences;
   const auto differ = [&](auto&&... parts) {
     std::ostringstream line;

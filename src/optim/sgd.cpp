@@ -80,7 +80,7 @@ void SGD::update_arena(std::size_t arena, std::span<const Segment> segments) {
                     segment.grad_clip});
   }
   const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
-  void* momentum = needs_momentum ? state_buffer(arena, kMomentumBuffer).data() : nullptr;
+  void* momentum = needs_momentum ? state_data(arena, kMomentumBuffer) : nullptr;
   if (parameters.device.is_cpu()) {
     kernels::cpu::sgd_update(buffers, momentum, runs);
   } else {

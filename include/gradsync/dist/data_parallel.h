@@ -50,6 +50,10 @@ struct DataParallelOptions {
   bool find_unused_parameters = false;
   bool broadcast_parameters = true;  // from rank 0 at construction (buffers included)
   Compression compression = Compression::none;
+  // ZeRO stage 2 (dist/zero.h): each bucket is reduce-scattered, so a rank's reduced gradients
+  // are only its piece of each bucket (the elements its sharded optimizer steps); the same
+  // bytes on the wire as an allreduce, half the work at each end. Hooks do not combine with it.
+  bool shard_gradients = false;
 };
 
 class DDPSyncContext;
@@ -90,6 +94,7 @@ class DataParallel {
 
   // The usage bitmap of the last synced step, summed over ranks (docs/semantics/ddp.md checklist 15).
   const std::vector<int>& last_used_counts() const;
+  bool inside_join() const;  // a dist::Join over this DataParallel is open on this rank
   const Reducer& reducer() const;
   comm::Communicator& communicator() const;
   ParameterRegistry& registry() const;

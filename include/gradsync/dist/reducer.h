@@ -73,6 +73,17 @@ struct BucketInfo;
 // buffer order (padding excluded; see BucketInfo). Returns the Work to wait for.
 using ReduceHook = std::function<comm::WorkHandle(comm::Communicator&, Tensor& flat, const BucketInfo&)>;
 
+// A bucket's flat buffer split among the ranks (ZeRO): rank r owns [begin, begin + count),
+// piece = ceil(numel / world) elements each, the last pieces shorter or empty; `counts` are all
+// ranks' counts (an allgatherv's). Reduce-scattering works on the buffer padded to world x piece.
+struct BucketShard {
+  std::int64_t piece = 0;
+  std::int64_t begin = 0;
+  std::int64_t count = 0;
+  std::vector<std::int64_t> counts;
+};
+BucketShard shard_bucket(std::int64_t numel, int world, int rank);
+
 struct ReducerOptions {
   std::vector<std::size_t> bucket_limits{25u << 20};  // bytes; see assign_buckets
   BucketRule rule = BucketRule::fusion;
@@ -81,6 +92,10 @@ struct ReducerOptions {
   double prescale = 1.0;   // applied before compression (so dividing first avoids f16 overflow)
   double postscale = 1.0;  // applied after decompression
   ReduceHook hook{};       // empty: comm.allreduce_async(flat, op)
+  // ZeRO stage 2: each bucket is reduce-scattered instead of allreduced, so only this rank's
+  // piece of it (shard_bucket) holds the reduced gradient; the rest of the bucket keeps this
+  // rank's own (prescaled) gradient. Every bucket must be a view of the gradient arena; no hook.
+  bool reduce_scatter = false;
 };
 
 struct BucketInfo {

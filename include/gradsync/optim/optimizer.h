@@ -117,6 +117,32 @@ class Optimizer {
   // exist yet (state is created at the first step that needs it, as in PyTorch).
   Tensor state(const Parameter& parameter, std::string_view buffer) const;
 
+  // --- Sharding (ZeRO, dist/zero.h): this optimizer keeps state for, and steps, only the
+  // given element ranges of each arena ([begin, end) in arena elements; sorted, disjoint; an
+  // arena with no range is not stepped here). Its state buffers (and master copies) then hold
+  // only those elements, packed in range order, so the state takes (owned / total) of the
+  // memory. Step counts stay per parameter and global. Call before the first step; the
+  // optimizer must support it (SGD, Adam and AdamW do). While sharded, state() and
+  // master_weight() of a parameter are undefined, gradient_statistics() covers the owned
+  // elements only (the ZeRO front end sums them over ranks), and checkpoints go through
+  // dist/zero.h.
+  struct ElementRange {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+  };
+  // `combine` turns this rank's statistics of its owned elements into everybody's (the ZeRO
+  // front end allreduces them), so clipping and the GradScaler see the global ones.
+  void shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
+             std::function<void(GradientStatistics&)> combine = {});
+  bool sharded() const { return sharded_; }
+  const std::vector<ElementRange>& shard_ranges(std::size_t arena) const;
+  // Elements one state buffer of `arena` holds (its full size unless sharded).
+  std::int64_t state_elements(std::size_t arena) const;
+  // Bytes of state allocated now, every buffer of every arena (master copies included).
+  std::int64_t state_bytes() const;
+  // Whether update_arena() uses state_data() and arena_buffers() only (which sharding shifts).
+  virtual bool supports_sharding() const { return false; }
+
   // --- Checkpoints (safetensors): state tensors named "optimizer.state.<param>.<buffer>",
   // the type, the groups with their hyperparameters and the step counts in the metadata.
   std::vector<io::NamedTensor> state_tensors() const;
@@ -173,7 +199,11 @@ class Optimizer {
 
   // The state arena for (arena, buffer), created zero-filled on first request.
   Tensor& state_buffer(std::size_t arena, std::size_t buffer);
+  // Inside update_arena: where the segments' buffers start. Segments index from these
+  // pointers: the arena's start, or, when sharded, the start of the owned range being updated
+  // (update_arena is then called once per range, segments relative to it).
   ArenaBuffers arena_buffers(std::size_t arena);
+  void* state_data(std::size_t arena, std::size_t buffer);
 
  private:
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
@@ -181,6 +211,14 @@ class Optimizer {
   bool has_master(std::size_t arena) const { return master_buffer_ != kNoGroup && master_arena_[arena]; }
   DType state_dtype(std::size_t arena) const;
   void initialize_master_weights(std::size_t arena);
+  // The owned pieces of one parameter when sharded: (arena offset, count, state offset).
+  struct OwnedPiece {
+    std::int64_t begin;
+    std::int64_t count;
+    std::int64_t state_offset;
+  };
+  std::vector<OwnedPiece> owned_pieces(const Parameter& parameter) const;
+  void require_unsharded(const char* what) const;
   // load_state's one implementation, over a file or tensors in memory.
   void load_state_from(const std::string& where, const io::Metadata& metadata, const std::vector<io::TensorInfo>& tensors,
                        const std::function<Tensor(const std::string&)>& read);
@@ -198,6 +236,13 @@ class Optimizer {
   double grad_unscale_ = 1.0;
   double grad_clip_ = 1.0;
   std::optional<GradientStatistics> statistics_;
+  bool sharded_ = false;
+  std::function<void(GradientStatistics&)> combine_statistics_;
+  std::vector<std::vector<ElementRange>> shard_;       // per arena, when sharded
+  std::vector<std::vector<std::int64_t>> shard_at_;   // per arena and range: its packed state offset
+  // The range update_arena is working on: element shifts for the arena's buffers and for state.
+  std::int64_t shift_ = 0;
+  std::int64_t state_shift_ = 0;
 };
 
 // The registry's trainable parameters, in registration order: the default single group.

@@ -32,6 +32,7 @@ class SGD : public Optimizer {
   SGD(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);
 
   const char* name() const override { return "SGD"; }
+  bool supports_sharding() const override { return true; }
   const Options& options(std::size_t group) const;
   void set_options(std::size_t group, const Options& options);
   Hyperparameters hyperparameters(std::size_t group) const override;

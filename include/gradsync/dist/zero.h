@@ -1,0 +1,79 @@
+// gradsync/dist/zero.h - sharded optimizer state (ZeRO stage 1) and sharded gradients
+// (stage 2) on DataParallel's buckets: PyTorch's ZeroRedundancyOptimizer, DeepSpeed ZeRO-1/2.
+//
+//   dist::DataParallel ddp(registry, comm, {.shard_gradients = stage == 2});
+//   optim::Adam adam(registry, {...});
+//   dist::ZeroOptimizer zero(adam, ddp, {.stage = stage});
+//   for each step:
+//     ... backward through ddp (any sync strategy; stage 2: SINGLE or FORCED) ...
+//     zero.clip_grad_norm(1.0);   // optional: the norm of every rank's shard, one allreduce
+//     zero.step();                // this rank's shard, then every parameter gathered
+//     zero.zero_grad();
+//
+// Ownership (docs/zero.md): every bucket of the DataParallel's Reducer is a run of the
+// gradient arena; rank r owns the r-th of W equal pieces of it (dist::shard_bucket). The
+// wrapped optimizer keeps state (and f32 master weights) for its pieces only, so a rank holds
+// 1/W of the optimizer state plus at most W - 1 elements of padding per bucket, and steps only
+// them with the same fused kernel. Then the pieces of the updated parameters are allgathered,
+// bucket by bucket, on the ZeroOptimizer's own communicator.
+//  * stage 1: gradients are allreduced as without ZeRO (every rank holds the full reduced
+//    gradient; the weights equal unsharded DataParallel's bit for bit: the same reduction, and
+//    the update is element-wise). Communication: one allreduce + one allgather.
+//  * stage 2 (DataParallelOptions::shard_gradients): buckets are reduce-scattered, so only a
+//    rank's pieces hold reduced gradients; reduce-scatter + allgather move the bytes of one
+//    allreduce. MULTI_AUTO_SYNC does not combine (it would reduce reduced pieces again).
+// Overlap: step_async() returns once the allgathers are launched; wait_for(p) before the next
+// forward reads parameter p (or wait_all()). step(), zero_grad and clip wait for them first.
+// Clipping and the GradScaler's finite check see the statistics of the owned pieces summed
+// over ranks (one small allreduce), the same on every rank. Checkpoints: save_sharded /
+// load_sharded (each rank its shard) and save_consolidated (one file an unsharded run loads).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+
+#include "gradsync/dist/data_parallel.h"
+#include "gradsync/optim/optimizer.h"
+
+namespace gradsync::dist {
+
+struct ZeroOptions {
+  int stage = 1;  // 1: optimizer state sharded; 2: gradients too (DataParallel's shard_gradients)
+};
+
+class ZeroOptimizer {
+ public:
+  // Shards `optimizer` (which must not have stepped yet) over the DataParallel's buckets.
+  // Collective: every rank the same stage, the same buckets.
+  ZeroOptimizer(optim::Optimizer& optimizer, DataParallel& ddp, ZeroOptions options = {});
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // This rank's pieces stepped, then every parameter gathered; returns when all have arrived.
+  void step();
+  // The same, returning once the gathers are launched (each bucket's parameters travel while
+  // the caller goes on); wait_for / wait_all before the parameters are read.
+  void step_async();
+  void wait_for(const Parameter& parameter);
+  void wait_all();
+
+  void zero_grad(bool set_to_undefined = true);
+  // Clipping by the global norm (optim/clip.h's semantics): the owned pieces' statistics,
+  // summed over ranks. Returns the total norm, the same on every rank.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+
+  optim::Optimizer& optimizer() const;
+  int stage() const;
+  // This rank's pieces: element ranges per arena, as handed to Optimizer::shard.
+  const std::vector<std::vector<optim::Optimizer::ElementRange>>& shard_ranges() const;
+  // Bytes of optimizer state this rank holds now.
+  std::int64_t state_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradsync::dist

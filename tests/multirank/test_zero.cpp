@@ -1,0 +1,138 @@
+// ZeRO on Gloo ranks-as-threads, 2-4 ranks (dist/zero.h, docs/zero.md): stage 1 and 2 against
+// unsharded DataParallel for SGD, Adam and AdamW, every sync strategy that applies, with and
+// without find_unused_parameters, mixed precision and clipping; the errors.
+#include "gradsync/comm/gloo.h"
+
+#include "zero_scenarios.h"
+
+namespace gradsync {
+namespace {
+
+using comm::Communicator;
+using dist::DDPSyncStrategy;
+
+TEST(Zero, MatchesUnshardedDataParallel) {
+  for (const int world : {2, 3, 4}) {
+    comm::run_gloo_thread_group(world, [](Communicator& comm) {
+      for (const int stage : {1, 2}) {
+        for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+          for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
+                                                 DDPSyncStrategy::forced_sync}) {
+            if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;  // refused (below)
+            for (const bool find_unused : {false, true}) {
+              testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = optimizer, .strategy = strategy,
+                                                     .find_unused_parameters = find_unused});
+            }
+          }
+        }
+        // DDP's default buckets (everything in one here), AUTO.
+        testing::zero_matches_unsharded(comm, {.stage = stage, .strategy = DDPSyncStrategy::auto_select,
+                                               .bucket_cap_mb = std::nullopt, .steps = 10});
+      }
+    });
+  }
+}
+
+TEST(Zero, MixedPrecisionAndClipping) {
+  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+    for (const int stage : {1, 2}) {
+      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "adamw", .dtype = DType::bf16});
+      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "sgd", .clip = 0.05});
+      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "adam", .dtype = DType::bf16, .clip = 0.05});
+    }
+  });
+}
+
+// The clipping norm is the same on every rank and equals the unsharded one.
+TEST(Zero, ClipNormIsTheGlobalNorm) {
+  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+    for (const int stage : {0, 1, 2}) {
+      testing::ShardModel model(DType::f32);
+      auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+      dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
+      std::unique_ptr<dist::ZeroOptimizer> zero;
+      if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*sgd, ddp, dist::ZeroOptions{.stage = stage});
+      ddp.begin_backward();
+      model.backward(comm.rank(), 0, 0, nullptr);
+      ddp.end_backward();
+      const double norm = zero ? zero->clip_grad_norm(1e9) : optim::clip_grad_norm(*sgd, 1e9);
+      static thread_local double unsharded = 0;
+      if (stage == 0) unsharded = norm;
+      EXPECT_NEAR(norm, unsharded, 1e-9 * unsharded) << "stage " << stage;
+      Tensor mine = Tensor::from_vector(std::vector<double>{norm}, {1});
+      Tensor all = Tensor::zeros({comm.size()}, DType::f64);
+      comm.allgather(mine, all);
+      for (const double other : all.to_double_vector()) EXPECT_EQ(other, norm);
+    }
+  });
+}
+
+// step_async: the gathers travel while the caller goes on; wait_for before reading.
+TEST(Zero, StepAsyncThenWaitPerParameter) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+    dist::ZeroOptimizer zero(*adam, ddp);
+    for (int step = 0; step < 3; ++step) {
+      ddp.begin_backward();
+      model.backward(comm.rank(), step, 0, nullptr);
+      ddp.end_backward();
+      zero.step_async();
+      for (Parameter* parameter : model.parameters) zero.wait_for(*parameter);
+      zero.zero_grad();
+    }
+    zero.wait_all();
+    Tensor mine = model.registry.arenas()[0].values.clone();
+    Tensor all = Tensor::empty({mine.numel() * 2}, DType::f32);
+    comm.allgather(mine, all);
+    EXPECT_EQ(std::memcmp(all.data(), static_cast<const char*>(all.data()) + mine.nbytes(), mine.nbytes()), 0);
+  });
+}
+
+TEST(Zero, Errors) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    {
+      dist::DataParallel ddp(model.registry, comm);
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = 2}), "stage 2 needs a DataParallel with shard_gradients");
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = 3}), "stage 3");
+    }
+    {
+      // A different stage on each rank: an error on every rank, naming both.
+      dist::DataParallel ddp(model.registry, comm, {.shard_gradients = comm.rank() == 1});
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = comm.rank() + 1}), "runs stage");
+    }
+    dist::DataParallel ddp(model.registry, comm, {.shard_gradients = true});
+    EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator& c, Tensor& flat, const dist::BucketInfo&) {
+      return c.allreduce_async(flat, comm::ReduceOp::sum);
+    }), "does not combine");
+    EXPECT_GRADSYNC_ERROR(dist::DDPSyncContext(ddp, true, DDPSyncStrategy::multi_auto_sync),
+                          "multi_auto_sync does not combine with shard_gradients");
+    dist::ZeroOptimizer zero(*sgd, ddp, {.stage = 2});
+    EXPECT_GRADSYNC_ERROR(sgd->save_state(testing::TempDir().path() / "state.safetensors"), "is sharded (ZeRO)");
+    {
+      dist::Join join(ddp);
+      EXPECT_GRADSYNC_ERROR(zero.step(), "ZeroOptimizer under dist::Join is not supported yet");
+      join.join();
+    }
+  });
+}
+
+// A user's optimizer that reads its state buffers directly cannot be sharded: an error.
+TEST(Zero, AnOptimizerWithoutShardingSupportIsRefused) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    struct Plain : optim::SGD {
+      using optim::SGD::SGD;
+      bool supports_sharding() const override { return false; }
+    };
+    Plain sgd(model.registry, optim::SGD::Options{.lr = 0.1});
+    dist::DataParallel ddp(model.registry, comm);
+    EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(sgd, ddp), "does not support sharding");
+  });
+}
+
+}  // namespace
+}  // namespace gradsync
