@@ -34,6 +34,7 @@
 #include "common/trainer_support.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/join.h"
+#include "gradsync/dist/zero.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/clip.h"
@@ -55,7 +56,8 @@ int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
-                "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n%s\n",
+                "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n"
+                "  --zero 0|1|2 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too)\n%s\n",
                 examples::kCommonHelp);
     return 0;
   }
@@ -64,19 +66,35 @@ int main(int argc, char** argv) try {
   const double bucket_cap_mb = flags.number("--bucket-cap-mb", 0.0);  // 0: Composer's default (DDP's buckets)
   const dist::DDPSyncStrategy strategy = strategy_from(flags.text("--sync-strategy", ""), find_unused);
   const bool divide_by_active = flags.flag("--divide-by-active");
+  const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   flags.finish();
+  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
+  GRADSYNC_CHECK(zero_stage == 0 || (!options.uneven && options.save.empty() && options.resume.empty()),
+                 "--zero does not combine with --uneven, --save or --resume yet: a joined rank does not shadow the ",
+                 "parameter gathers, and sharded checkpoints are not built (docs/zero.md)");
 
   // 1-2. The run, and the model made data-parallel.
   auto training = examples::prepare_training(options);
+  std::optional<double> cap;
+  if (bucket_cap_mb > 0) cap = bucket_cap_mb;
   std::shared_ptr<nn::Module> model =
-      bucket_cap_mb > 0 && training->comm->size() > 1
+      (cap || zero_stage > 0) && training->comm->size() > 1
           ? std::make_shared<nn::DistributedDataParallel>(
                 training->model, *training->comm,
-                dist::DataParallelOptions{.bucket_cap_mb = bucket_cap_mb, .find_unused_parameters = find_unused})
+                dist::DataParallelOptions{.bucket_cap_mb = cap, .find_unused_parameters = find_unused,
+                                          .shard_gradients = zero_stage == 2})
           : nn::prepare_ddp_module(training->model, *training->comm, find_unused);
   // DataParallel checks the model across ranks; the optimizer is ours to check (a rank started
   // with another --optimizer or --lr would otherwise train apart silently).
   dist::require_same_optimizer(*training->optimizer, *training->comm, "digits_ddp");
+  // ZeRO: this rank keeps the optimizer state of its pieces of each bucket only (one rank:
+  // nothing to shard).
+  auto* ddp = dynamic_cast<nn::DistributedDataParallel*>(model.get());  // null with one rank
+  std::unique_ptr<dist::ZeroOptimizer> zero;
+  if (zero_stage > 0 && ddp) {
+    zero = std::make_unique<dist::ZeroOptimizer>(*training->optimizer, ddp->data_parallel(),
+                                                 dist::ZeroOptions{.stage = zero_stage});
+  }
   if (training->comm->rank() == 0 && !options.quiet) {
     std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s in %s, global batch %lld = %d x "
                 "%lld microbatch(es) of %lld, sync %s\n",
@@ -85,6 +103,14 @@ int main(int argc, char** argv) try {
                 options.precision.c_str(),
                 static_cast<long long>(options.batch), training->comm->size(), static_cast<long long>(options.passes),
                 static_cast<long long>(training->micro), dist::sync_strategy_name(strategy));
+    if (zero) {
+      std::int64_t owned = 0;
+      for (std::size_t arena = 0; arena < training->registry.arenas().size(); ++arena) {
+        owned += training->optimizer->state_elements(arena);
+      }
+      std::printf("ZeRO stage %d: rank 0 keeps optimizer state for %lld of %lld parameter elements\n", zero_stage,
+                  static_cast<long long>(owned), static_cast<long long>(training->registry.total_numel()));
+    }
   }
 
   // 3, 4, 6. One step: the microbatches, each in the strategy's context, then the optimizer.
@@ -101,15 +127,19 @@ int main(int argc, char** argv) try {
       step_loss += loss.loss / static_cast<double>(options.passes);
     }
     // The backward has synchronized the gradients: every rank clips the same ones alike.
+    // With ZeRO, clipping sums the ranks' pieces and the step updates this rank's pieces, then
+    // gathers every parameter.
     training->finish_step(
-        options, [&](double max_norm) { return optim::clip_grad_norm(*training->optimizer, max_norm); },
-        [&] { training->optimizer->step(); });
+        options,
+        [&](double max_norm) {
+          return zero ? zero->clip_grad_norm(max_norm) : optim::clip_grad_norm(*training->optimizer, max_norm);
+        },
+        [&] { zero ? zero->step() : training->optimizer->step(); });
     training->optimizer->zero_grad();
     return step_loss;
   };
   // 5. Uneven inputs: each epoch inside a Join; the optimizer's state is made equal too.
   std::optional<dist::Join> join;
-  auto* ddp = dynamic_cast<nn::DistributedDataParallel*>(model.get());  // null with one rank
   const examples::UnevenInputs uneven{
       .enter = [&] {
         if (ddp) join.emplace(ddp->data_parallel(), dist::JoinOptions{.divide_by_initial_world_size = !divide_by_active},

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven.
+# mixed_precision clip_norm timeline uneven zero.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -92,5 +92,12 @@ case $case_name in
       --microbatches 2 --epochs 20 --min-accuracy 0.95 --check-replicas --quiet
     "$source/scripts/launch.sh" 3 "$examples/horovod_style" --backend gloo --uneven --batch 60 \
       --backward-passes-per-step 2 --optimizer adam --epochs 20 --min-accuracy 0.95 --check-replicas --quiet ;;
+  zero)  # ZeRO stage 1 and 2 (and stage 1 with bf16 and clipping) reach the target with identical replicas
+    for zero in 1 2; do
+      "${mpirun[@]}" "$examples/digits_ddp" --zero $zero --optimizer adam --microbatches 2 --epochs 20 --min-accuracy 0.95 \
+        --check-replicas --quiet
+    done
+    "${mpirun[@]}" "$examples/digits_ddp" --zero 1 --precision bf16 --clip-norm 1 --epochs 20 --min-accuracy 0.95 \
+      --check-replicas --quiet ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@
 #include "comm_checks.h"
 #include "dist_scenarios.h"
 #include "join_scenarios.h"
+#include "zero_scenarios.h"
 
 namespace gradsync {
 namespace {
@@ -77,5 +78,15 @@ TEST(MpiJoin, DataParallelUnevenInputs) {
 }
 TEST(MpiJoin, DistributedOptimizerJoin) { testing::uneven_distributed_optimizer(world(), 2, /*sparse_bias=*/true); }
 TEST(MpiJoin, ThrowOnEarlyTermination) { testing::join_throws_on_early_termination(world()); }
+// ZeRO on processes (docs/zero.md): both stages against unsharded DataParallel.
+TEST(MpiZero, MatchesUnshardedDataParallel) {
+  for (const int stage : {1, 2}) {
+    for (const std::string optimizer : {"sgd", "adamw"}) {
+      testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer, .find_unused_parameters = true});
+      testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer,
+                                                .strategy = dist::DDPSyncStrategy::forced_sync, .dtype = DType::bf16});
+    }
+  }
+}
 
 }  // namespace gradsync
