@@ -69,9 +69,8 @@ int main(int argc, char** argv) try {
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   flags.finish();
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
-  GRADSYNC_CHECK(zero_stage == 0 || (!options.uneven && options.save.empty() && options.resume.empty()),
-                 "--zero does not combine with --uneven, --save or --resume yet: a joined rank does not shadow the ",
-                 "parameter gathers, and sharded checkpoints are not built (docs/zero.md)");
+  GRADSYNC_CHECK(zero_stage == 0 || !options.uneven, "--zero does not combine with --uneven yet: a joined rank does ",
+                 "not shadow the parameter gathers (docs/zero.md)");
 
   // 1-2. The run, and the model made data-parallel.
   auto training = examples::prepare_training(options);
@@ -92,8 +91,14 @@ int main(int argc, char** argv) try {
   auto* ddp = dynamic_cast<nn::DistributedDataParallel*>(model.get());  // null with one rank
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (zero_stage > 0 && ddp) {
+    // A --resume checkpoint was loaded whole into the optimizer: sharding keeps this rank's pieces.
     zero = std::make_unique<dist::ZeroOptimizer>(*training->optimizer, ddp->data_parallel(),
                                                  dist::ZeroOptions{.stage = zero_stage});
+    // --save writes the consolidated state: the same file an unsharded run writes and loads.
+    training->optimizer_checkpoint = [&] {
+      dist::ZeroOptimizer::State state = zero->consolidated_state();
+      return examples::OptimizerCheckpoint{std::move(state.tensors), std::move(state.metadata)};
+    };
   }
   if (training->comm->rank() == 0 && !options.quiet) {
     std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s in %s, global batch %lld = %d x "

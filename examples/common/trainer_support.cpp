@@ -190,12 +190,12 @@ double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::i
   return static_cast<double>(correct) / static_cast<double>(rows.size());
 }
 
-void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
                      const Progress& progress, const optim::GradScaler* scaler) {
   std::vector<io::NamedTensor> tensors;
   for (const Parameter& parameter : registry) tensors.push_back({parameter.name(), parameter.value()});
-  for (io::NamedTensor& state : optimizer.state_tensors()) tensors.push_back(std::move(state));
-  io::Metadata metadata = optimizer.state_metadata();
+  for (const io::NamedTensor& state : optimizer.tensors) tensors.push_back(state);
+  io::Metadata metadata = optimizer.metadata;
   metadata["epoch"] = std::to_string(progress.epoch);
   metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
   metadata["global_step"] = std::to_string(progress.global_step);
@@ -429,8 +429,13 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     }
   }
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
-  if (!options.save.empty() && rank == 0) {
-    save_checkpoint(options.save, t.registry, *t.optimizer, t.progress, t.scaler.get());
+  if (!options.save.empty()) {
+    // Every rank takes part (ZeRO gathers the pieces of the optimizer state); rank 0 writes.
+    const OptimizerCheckpoint optimizer_state = t.optimizer_checkpoint
+                                                    ? t.optimizer_checkpoint()
+                                                    : OptimizerCheckpoint{t.optimizer->state_tensors(),
+                                                                          t.optimizer->state_metadata()};
+    if (rank == 0) save_checkpoint(options.save, t.registry, optimizer_state, t.progress, t.scaler.get());
   }
   comm.barrier();  // the checkpoint is complete before any rank reports success
   timeline::stop();

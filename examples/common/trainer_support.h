@@ -98,7 +98,13 @@ struct Progress {
   std::int64_t global_step = 0;
 };
 // With fp16, the loss scaler's state rides along in the metadata.
-void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const optim::Optimizer& optimizer,
+// The optimizer's part of a checkpoint: its state tensors and metadata (an unsharded
+// optimizer's own; with ZeRO, the consolidated state every rank's pieces make).
+struct OptimizerCheckpoint {
+  std::vector<io::NamedTensor> tensors;
+  io::Metadata metadata;
+};
+void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
                      const Progress& progress, const optim::GradScaler* scaler = nullptr);
 Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
                          optim::GradScaler* scaler = nullptr);
@@ -154,6 +160,9 @@ struct Training {
   std::unique_ptr<optim::GradScaler> scaler;  // fp16 only: dynamic loss scaling
   Progress progress;
   double last_grad_norm = std::numeric_limits<double>::quiet_NaN();  // the last step's total norm (NaN: not clipping)
+  // What --save writes for the optimizer, called on every rank (collective with ZeRO); unset:
+  // the optimizer's own state.
+  std::function<OptimizerCheckpoint()> optimizer_checkpoint;
 
   // The factor the loss gradient is multiplied by before the backward (the loss scale).
   double loss_scale() const;

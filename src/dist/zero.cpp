@@ -18,6 +18,8 @@ struct ZeroOptimizer::Impl {
   std::unique_ptr<comm::Communicator> own_comm;
   comm::Communicator& comm;
   std::vector<std::vector<optim::Optimizer::ElementRange>> ranges;  // per arena
+  // Every rank's ranges (the same computation for each rank): [rank][arena].
+  std::vector<std::vector<std::vector<optim::Optimizer::ElementRange>>> all_ranges;
 
   // One bucket's gather: this rank's piece of the updated values, allgathered into the arena.
   struct Gather {
@@ -54,6 +56,23 @@ struct ZeroOptimizer::Impl {
     }
 
     const Reducer& reducer = ddp.reducer();
+    all_ranges.assign(static_cast<std::size_t>(comm.size()),
+                      std::vector<std::vector<optim::Optimizer::ElementRange>>(ddp.registry().arenas().size()));
+    for (std::size_t b = 0; b < reducer.bucket_count(); ++b) {
+      const BucketInfo& info = reducer.bucket(b);
+      const std::int64_t begin = static_cast<std::int64_t>(info.members[0]->arena_offset()) - info.member_offset[0];
+      for (int r = 0; r < comm.size(); ++r) {
+        const BucketShard piece = shard_bucket(info.numel, comm.size(), r);
+        if (piece.count == 0) continue;
+        all_ranges[static_cast<std::size_t>(r)][info.members[0]->arena_index()].push_back(
+            {begin + piece.begin, begin + piece.begin + piece.count});
+      }
+    }
+    for (auto& per_rank : all_ranges) {
+      for (auto& list : per_rank) {
+        std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+      }
+    }
     ranges.assign(ddp.registry().arenas().size(), {});
     for (std::size_t b = 0; b < reducer.bucket_count(); ++b) {
       const BucketInfo& info = reducer.bucket(b);
@@ -172,5 +191,73 @@ const std::vector<std::vector<optim::Optimizer::ElementRange>>& ZeroOptimizer::s
   return impl_->ranges;
 }
 std::int64_t ZeroOptimizer::state_bytes() const { return impl_->optimizer.state_bytes(); }
+
+ZeroOptimizer::State ZeroOptimizer::consolidated_state() {
+  Impl& z = *impl_;
+  z.wait_all();
+  optim::Optimizer& optimizer = z.optimizer;
+  const auto& arenas = z.ddp.registry().arenas();
+  const std::size_t buffers = optimizer.state_buffer_names().size();
+  std::vector<std::vector<Tensor>> full(arenas.size(), std::vector<Tensor>(buffers));
+  for (std::size_t a = 0; a < arenas.size(); ++a) {
+    // Each rank contributes its packed pieces (zeros where its buffer does not exist yet; the
+    // presence bits, the same everywhere, decide what is exported).
+    std::vector<std::int64_t> counts;
+    std::int64_t total = 0;
+    for (const auto& per_rank : z.all_ranges) {
+      std::int64_t count = 0;
+      for (const auto& range : per_rank[a]) count += range.end - range.begin;
+      counts.push_back(count);
+      total += count;
+    }
+    if (total == 0) continue;
+    const DType dtype = optimizer.state_dtype(a);
+    for (std::size_t b = 0; b < buffers; ++b) {
+      Tensor mine = optimizer.shard_state(a, b);
+      Tensor flag = Tensor::from_vector(std::vector<double>{mine.defined() ? 1.0 : 0.0}, {1});
+      z.comm.allreduce_host(flag, comm::ReduceOp::max);
+      if (flag.to_double_vector()[0] == 0.0) continue;  // no rank has this buffer
+      if (!mine.defined()) mine = Tensor::zeros({counts[static_cast<std::size_t>(z.comm.rank())]}, dtype, arenas[a].device);
+      Tensor packed = Tensor::empty({total}, dtype, arenas[a].device);
+      z.comm.allgatherv(mine, packed, counts);
+      Tensor whole = Tensor::zeros({arenas[a].values.numel()}, dtype, arenas[a].device);
+      std::int64_t at = 0;
+      for (const auto& per_rank : z.all_ranges) {
+        for (const auto& range : per_rank[a]) {
+          Tensor target = whole.view(static_cast<std::size_t>(range.begin), {range.end - range.begin});
+          target.copy_from(packed.view(static_cast<std::size_t>(at), {range.end - range.begin}));
+          at += range.end - range.begin;
+        }
+      }
+      full[a][b] = whole;
+    }
+  }
+  return {optimizer.state_tensors_of(full), optimizer.state_metadata()};
+}
+
+void ZeroOptimizer::save_consolidated(const std::filesystem::path& path) {
+  const State state = consolidated_state();
+  // Rank 0 writes; every rank learns whether it could, so a failed save is an error everywhere
+  // (and, the save being atomic, the previous file is intact).
+  std::string failure;
+  if (impl_->comm.rank() == 0) {
+    try {
+      io::save_safetensors(path, state.tensors, state.metadata);
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+  Tensor failed = Tensor::from_vector(std::vector<double>{failure.empty() ? 0.0 : 1.0}, {1});
+  impl_->comm.allreduce_host(failed, comm::ReduceOp::max);
+  if (failed.to_double_vector()[0] != 0.0) {
+    detail::throw_error("ZeroOptimizer::save_consolidated: ",
+                        failure.empty() ? "rank 0 could not write " + path.string() + " (see its error)" : failure);
+  }
+}
+
+void ZeroOptimizer::load_state(const std::filesystem::path& path) {
+  impl_->wait_all();
+  impl_->optimizer.load_state(path);
+}
 
 }  // namespace gradsync::dist

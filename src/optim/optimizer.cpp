@@ -149,9 +149,7 @@ void Optimizer::shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
                  "state_data() and arena_buffers(), which sharding shifts to the owned ranges)");
   GRADSYNC_CHECK(ranges_per_arena.size() == registry_.arenas().size(), name(), ": shard ranges for ",
                  ranges_per_arena.size(), " arenas, the registry has ", registry_.arenas().size());
-  for (const auto& buffers : buffers_) {
-    for (const Tensor& buffer : buffers) GRADSYNC_CHECK(!buffer.defined(), name(), ": shard before the first step");
-  }
+  GRADSYNC_CHECK(!sharded_, name(), ": already sharded");
   shard_at_.assign(ranges_per_arena.size(), {});
   for (std::size_t arena = 0; arena < ranges_per_arena.size(); ++arena) {
     const std::int64_t size = registry_.arenas()[arena].values.numel();
@@ -163,6 +161,22 @@ void Optimizer::shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
       shard_at_[arena].push_back(packed);
       packed += range.end - range.begin;
       previous_end = range.end;
+    }
+  }
+  // State that exists already (a loaded checkpoint): keep the owned pieces only.
+  for (std::size_t arena = 0; arena < buffers_.size(); ++arena) {
+    for (Tensor& buffer : buffers_[arena]) {
+      if (!buffer.defined()) continue;
+      std::int64_t owned = 0;
+      for (const ElementRange& range : ranges_per_arena[arena]) owned += range.end - range.begin;
+      Tensor packed = Tensor::zeros({owned}, buffer.dtype(), buffer.device());
+      std::int64_t at = 0;
+      for (const ElementRange& range : ranges_per_arena[arena]) {
+        Tensor target = packed.view(static_cast<std::size_t>(at), {range.end - range.begin});
+        target.copy_from(buffer.view(static_cast<std::size_t>(range.begin), {range.end - range.begin}));
+        at += range.end - range.begin;
+      }
+      buffer = packed;
     }
   }
   shard_ = std::move(ranges_per_arena);
@@ -411,16 +425,26 @@ void Optimizer::zero_grad(bool set_to_undefined) {
 
 std::vector<io::NamedTensor> Optimizer::state_tensors() const {
   require_unsharded("state_tensors");
+  return state_tensors_of(buffers_);
+}
+
+std::vector<io::NamedTensor> Optimizer::state_tensors_of(const std::vector<std::vector<Tensor>>& full) const {
+  GRADSYNC_CHECK(full.size() == registry_.arenas().size(), name(), "::state_tensors_of: buffers for ", full.size(),
+                 " arenas, the registry has ", registry_.arenas().size());
   std::vector<io::NamedTensor> tensors;
   for (const Parameter& parameter : registry_) {
     if (group_of_[parameter.index()] == kNoGroup) continue;
     for (std::size_t b = 0; b < buffer_names_.size(); ++b) {
-      Tensor view = state(parameter, buffer_names_[b]);
-      if (view.defined()) tensors.push_back({kStatePrefix + parameter.name() + "." + buffer_names_[b], view});
+      const Tensor& arena = full[parameter.arena_index()].at(b);
+      if (!arena.defined() || !(present_[parameter.index()] & (1u << b))) continue;
+      tensors.push_back({kStatePrefix + parameter.name() + "." + buffer_names_[b],
+                         arena.view(parameter.arena_offset(), parameter.shape())});
     }
   }
   return tensors;
 }
+
+Tensor Optimizer::shard_state(std::size_t arena, std::size_t buffer) const { return buffers_.at(arena).at(buffer); }
 
 io::Metadata Optimizer::state_metadata() const {
   json groups = json::array();
@@ -463,7 +487,6 @@ void Optimizer::load_state(const std::vector<io::NamedTensor>& tensors, const io
 void Optimizer::load_state_from(const std::string& where, const io::Metadata& metadata,
                                 const std::vector<io::TensorInfo>& tensors,
                                 const std::function<Tensor(const std::string&)>& read) {
-  require_unsharded("load_state");
   std::vector<std::string> differences;
   const auto differ = [&](auto&&... parts) {
     std::ostringstream line;
@@ -578,7 +601,13 @@ void Optimizer::load_state_from(const std::string& where, const io::Metadata& me
   for (std::size_t k = 0; k < staged.size(); ++k) {
     const Parameter& parameter = *staged[k].parameter;
     Tensor& arena = state_buffer(parameter.arena_index(), staged[k].buffer);
-    arena.view(parameter.arena_offset(), parameter.shape()).copy_from(data[k]);
+    // Sharded: only this rank's pieces of the parameter (whatever world size saved the file).
+    const Tensor flat = data[k].flatten();
+    for (const OwnedPiece& piece : owned_pieces(parameter)) {
+      Tensor target = arena.view(static_cast<std::size_t>(piece.state_offset), {piece.count});
+      target.copy_from(flat.view(static_cast<std::size_t>(piece.begin - static_cast<std::int64_t>(parameter.arena_offset())),
+                                 {piece.count}));
+    }
     present_[parameter.index()] |= 1u << staged[k].buffer;
   }
 }

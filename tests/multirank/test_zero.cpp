@@ -3,6 +3,7 @@
 // without find_unused_parameters, mixed precision and clipping; the errors.
 #include "gradsync/comm/gloo.h"
 
+#include "gradsync/io/registry_checkpoint.h"
 #include "zero_scenarios.h"
 
 namespace gradsync {
@@ -87,6 +88,98 @@ TEST(Zero, StepAsyncThenWaitPerParameter) {
     Tensor all = Tensor::empty({mine.numel() * 2}, DType::f32);
     comm.allgather(mine, all);
     EXPECT_EQ(std::memcmp(all.data(), static_cast<const char*>(all.data()) + mine.nbytes(), mine.nbytes()), 0);
+  });
+}
+
+// A global batch of 12 samples per step, split evenly over the ranks, so that any world size
+// takes the same steps: the gradient of sample s depends on the weights and on s only.
+void train_global(Communicator& comm, testing::ShardModel& model, dist::DataParallel& ddp,
+                  const std::function<void()>& step, int first_step, int steps) {
+  const int global = 12, mine = global / comm.size();
+  for (int t = first_step; t < first_step + steps; ++t) {
+    ddp.begin_backward();
+    for (std::size_t k = model.parameters.size(); k-- > 0;) {
+      Parameter& p = *model.parameters[k];
+      const std::vector<double> v = p.value().to_double_vector();
+      std::vector<double> g(v.size(), 0.0);
+      for (int s = comm.rank() * mine; s < (comm.rank() + 1) * mine; ++s) {
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          g[i] += (0.3 * v[i] + 0.02 * (s + 1) * std::cos(0.37 * static_cast<double>(i) + t + static_cast<double>(k))) / mine;
+        }
+      }
+      p.set_grad(Tensor::from_vector(g, p.shape()).to(DType::f32));
+      model.registry.mark_ready(p);
+    }
+    ddp.end_backward();
+    step();
+  }
+}
+
+// Resharding: 3 steps on 4 ranks (stage 2), a consolidated checkpoint; 3 more steps on 2
+// ranks (stage 1) and on 3 ranks unsharded, each from that file, equal 6 uninterrupted steps.
+TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
+  testing::TempDir folder;
+  const auto weights = folder / "weights.safetensors";
+  const auto state = folder / "optimizer.safetensors";
+  std::vector<double> straight, resumed_sharded, resumed_plain;
+  const auto values = [](testing::ShardModel& model) {
+    std::vector<double> all;
+    for (Parameter* p : model.parameters) {
+      const std::vector<double> v = p->value().to_double_vector();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  comm::run_gloo_thread_group(4, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+    dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
+    train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, 6);
+    if (comm.rank() == 0) straight = values(model);
+  });
+  comm::run_gloo_thread_group(4, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = true});
+    dist::ZeroOptimizer zero(*adam, ddp, {.stage = 2});
+    train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, 3);
+    zero.save_consolidated(state);
+    if (comm.rank() == 0) io::save_registry(model.registry, weights);
+    comm.barrier();
+  });
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    io::load_registry(model.registry, weights);
+    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+    dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
+    zero.load_state(state);
+    train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 3, 3);
+    if (comm.rank() == 0) resumed_sharded = values(model);
+  });
+  comm::run_gloo_thread_group(3, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    io::load_registry(model.registry, weights);
+    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    adam->load_state(state);  // the consolidated file is an ordinary optimizer checkpoint
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+    train_global(comm, model, ddp, [&] { adam->step(); adam->zero_grad(); }, 3, 3);
+    if (comm.rank() == 0) resumed_plain = values(model);
+  });
+  testing::expect_near_vectors("4 ranks stage 2 -> 2 ranks stage 1", resumed_sharded, straight, 1e-5);
+  testing::expect_near_vectors("4 ranks stage 2 -> 3 ranks unsharded", resumed_plain, straight, 1e-5);
+}
+
+// A failed consolidated save is an error on every rank and leaves the previous file intact.
+TEST(ZeroCheckpoint, AFailedSaveIsAnErrorEverywhere) {
+  testing::TempDir folder;
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    dist::DataParallel ddp(model.registry, comm);
+    dist::ZeroOptimizer zero(*sgd, ddp);
+    EXPECT_GRADSYNC_ERROR(zero.save_consolidated(folder / "missing-folder" / "state.safetensors"), "save_consolidated");
   });
 }
 

@@ -71,6 +71,22 @@ class ZeroOptimizer {
   // Bytes of optimizer state this rank holds now.
   std::int64_t state_bytes() const;
 
+  // --- Checkpoints. The consolidated state is exactly an unsharded optimizer's checkpoint
+  // (Optimizer::state_tensors / state_metadata): every rank's pieces gathered (collective; the
+  // tensors are returned on every rank). save_consolidated writes it from rank 0 (atomically,
+  // as every safetensors save) with whatever else the caller adds; an unsharded run loads it
+  // with Optimizer::load_state, and a sharded one of any world size with load_state below.
+  struct State {
+    std::vector<io::NamedTensor> tensors;
+    io::Metadata metadata;
+  };
+  State consolidated_state();
+  void save_consolidated(const std::filesystem::path& path);
+  // Loads an unsharded checkpoint (or a consolidated one, saved by any number of ranks): each
+  // rank keeps its pieces. Validation as Optimizer::load_state; collective only in that every
+  // rank reads the same file.
+  void load_state(const std::filesystem::path& path);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

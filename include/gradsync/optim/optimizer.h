@@ -125,7 +125,9 @@ class Optimizer {
   // optimizer must support it (SGD, Adam and AdamW do). While sharded, state() and
   // master_weight() of a parameter are undefined, gradient_statistics() covers the owned
   // elements only (the ZeRO front end sums them over ranks), and checkpoints go through
-  // dist/zero.h.
+  // dist/zero.h; load_state() works sharded too (each rank takes its pieces from a full
+  // checkpoint, whatever world size wrote it). State that exists when shard() is called (a
+  // loaded checkpoint) is cut down to the owned pieces.
   struct ElementRange {
     std::int64_t begin = 0;
     std::int64_t end = 0;
@@ -142,6 +144,13 @@ class Optimizer {
   std::int64_t state_bytes() const;
   // Whether update_arena() uses state_data() and arena_buffers() only (which sharding shifts).
   virtual bool supports_sharding() const { return false; }
+  // This rank's packed state of one buffer (an undefined Tensor while it does not exist).
+  Tensor shard_state(std::size_t arena, std::size_t buffer) const;
+  // The checkpoint tensors (as state_tensors() names them) of state buffers given in the full
+  // arena layout, full[arena][buffer] (undefined: none), for the parameters holding that state:
+  // what dist/zero.h writes after gathering every rank's pieces.
+  std::vector<io::NamedTensor> state_tensors_of(const std::vector<std::vector<Tensor>>& full) const;
+  DType state_dtype(std::size_t arena) const;
 
   // --- Checkpoints (safetensors): state tensors named "optimizer.state.<param>.<buffer>",
   // the type, the groups with their hyperparameters and the step counts in the metadata.
@@ -209,7 +218,6 @@ class Optimizer {
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
   void require_optimized(const Parameter& parameter, const char* what) const;
   bool has_master(std::size_t arena) const { return master_buffer_ != kNoGroup && master_arena_[arena]; }
-  DType state_dtype(std::size_t arena) const;
   void initialize_master_weights(std::size_t arena);
   // The owned pieces of one parameter when sharded: (arena offset, count, state offset).
   struct OwnedPiece {
