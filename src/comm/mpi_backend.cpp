@@ -241,6 +241,19 @@ class MpiBackend final : public Backend {
   }
 
   void allgatherv(const void* input, void* output, const std::vector<std::int64_t>& counts, DType dtype) override {
+    const std::size_t element = dtype_size(dtype);
+    std::vector<std::size_t> offsets{0};
+    for (const std::int64_t count : counts) offsets.push_back(offsets.back() + static_cast<std::size_t>(count) * element);
+    if (size_ > 1 && offsets.back() >= kRingThresholdBytes) {
+      // ZeRO's parameter gathers: the ring, as allgather (Open MPI's nonblocking allgatherv is
+      // several times slower at these sizes).
+      std::size_t largest = 0;
+      for (int r = 0; r < size_; ++r) largest = std::max(largest, offsets[static_cast<std::size_t>(r) + 1] - offsets[static_cast<std::size_t>(r)]);
+      return ring_allgather(
+          static_cast<std::byte*>(output), [&](int chunk) { return offsets[static_cast<std::size_t>(chunk)]; },
+          [&](int chunk) { return offsets[static_cast<std::size_t>(chunk) + 1] - offsets[static_cast<std::size_t>(chunk)]; },
+          segment_size(largest, element), /*first_owned=*/0, static_cast<const std::byte*>(input));
+    }
     std::vector<int> receive_counts;
     std::vector<int> displacements;
     std::int64_t offset = 0;
@@ -256,6 +269,9 @@ class MpiBackend final : public Backend {
   }
 
   void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) override {
+    if (size_ > 1 && static_cast<std::size_t>(count) * dtype_size(dtype) * static_cast<std::size_t>(size_) >= kRingThresholdBytes) {
+      return ring_reduce_scatter(static_cast<const std::byte*>(input), static_cast<std::byte*>(output), count, dtype, op);
+    }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Ireduce_scatter_block(input, output, int_count(count, "reduce_scatter"), mpi_type(dtype),
                                                  mpi_op(dtype, op), comm_, &request));
@@ -352,6 +368,38 @@ class MpiBackend final : public Backend {
     }
     // Rank r holds the final chunk r+1: pass the final chunks around.
     ring_allgather(data, chunk_begin, chunk_bytes, segment, /*first_owned=*/1);
+  }
+
+  // Ring reduce-scatter, out of place: the first half of the ring allreduce, shifted by one
+  // chunk so that rank r ends with chunk r. In step s rank r sends its partial sum of chunk
+  // (r-1-s) right and receives the left neighbour's of chunk (r-2-s), adding its own input to
+  // it. Partial sums alternate between two accumulators (one is on the wire while the other
+  // fills); the last step writes into the output.
+  void ring_reduce_scatter(const std::byte* input, std::byte* output, std::int64_t count, DType dtype, ReduceOp op) {
+    const int right = (rank_ + 1) % size_;
+    const int left = (rank_ + size_ - 1) % size_;
+    const std::size_t element = dtype_size(dtype);
+    const std::size_t bytes = static_cast<std::size_t>(count) * element;
+    const ReduceFunction reduce = reduce_function(dtype, op);
+    const std::size_t segment = segment_size(bytes, element);
+    reserve_scratch(3 * bytes + element);
+    std::byte* received = scratch_.data();
+    std::byte* partial[2] = {scratch_.data() + bytes, scratch_.data() + 2 * bytes};
+    const std::byte* send_from = input + static_cast<std::size_t>(wrap(rank_ - 1)) * bytes;
+    for (int step = 0; step < size_ - 1; ++step) {
+      const std::byte* own = input + static_cast<std::size_t>(wrap(rank_ - 2 - step)) * bytes;
+      std::byte* target = step == size_ - 2 ? output : partial[step % 2];
+      std::vector<MPI_Request> receives = post_segments(received, bytes, segment, left, true);
+      std::vector<MPI_Request> sends = post_segments(const_cast<std::byte*>(send_from), bytes, segment, right, false);
+      for (std::size_t i = 0; i < receives.size(); ++i) {
+        complete(receives[i], "ring reduce_scatter (receive)");
+        const std::size_t offset = i * segment;
+        const std::size_t length = std::min(segment, bytes - offset);
+        reduce(target + offset, own + offset, received + offset, length / element);
+      }
+      for (MPI_Request& request : sends) complete(request, "ring reduce_scatter (send)");
+      send_from = target;
+    }
   }
 
   // Ring allgather: rank r owns chunk (r + first_owned) and, in step s, sends chunk

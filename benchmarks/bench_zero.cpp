@@ -1,0 +1,145 @@
+// bench_zero: what ZeRO saves (memory) and what it costs (time), on a synthetic backward.
+//
+// The model: --layers layers of --layer-elements f32 (24 x 2^20 = 25.2M parameters by
+// default), Adam. Each step, a synthetic backward writes every layer's gradient (last first)
+// and marks it ready; DataParallel reduces (stage 0 and 1: allreduce; stage 2: reduce-scatter);
+// then the optimizer steps (stage 1 and 2: this rank's pieces, then the parameters gathered).
+//
+//   bench_zero                 per stage 0, 1, 2 in one run: the optimizer state this rank
+//                              holds (measured: the bytes its buffers take) next to its ceiling,
+//                              total / N + one bucket; the median step time and its ratio to
+//                              stage 0's, with one allreduce of every gradient as the yardstick
+//   bench_zero --memory S      only stage S, then this process's peak RSS (getrusage): run it
+//                              once per stage (benchmarks/compare_zero.sh) to compare the peaks
+//
+//   mpirun -np 4 build/benchmarks/bench_zero
+//   benchmarks/compare_zero.sh 4
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "bench_common.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/zero.h"
+#include "gradsync/kernels/ops.h"
+#include "gradsync/optim/adam.h"
+
+using namespace gradsync;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Result {
+  double step_seconds = 0;
+  std::int64_t state_bytes = 0;
+  std::int64_t bucket_bytes = 0;  // the largest bucket
+};
+
+Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps) {
+  ParameterRegistry registry;
+  for (int layer = 0; layer < layers; ++layer) registry.add("layer" + std::to_string(layer), {elements});
+  registry.finalize();
+  optim::Adam adam(registry, optim::Adam::Options{.lr = 1e-4});
+  dist::DataParallel ddp(registry, comm, {.shard_gradients = stage == 2});
+  std::unique_ptr<dist::ZeroOptimizer> zero;
+  if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(adam, ddp, dist::ZeroOptions{.stage = stage});
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {
+    comm.barrier();
+    const auto start = Clock::now();
+    ddp.begin_backward();
+    for (std::size_t layer = registry.size(); layer-- > 0;) {
+      ops::fill(registry[layer].grad_for_overwrite(), 1e-3 * static_cast<double>(layer + 1));
+      registry.mark_ready(registry[layer]);
+    }
+    ddp.end_backward();
+    zero ? zero->step() : adam.step();
+    adam.zero_grad();
+    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  Result result;
+  result.step_seconds = times[times.size() / 2];
+  result.state_bytes = adam.state_bytes();
+  for (std::size_t b = 0; b < ddp.reducer().bucket_count(); ++b) {
+    result.bucket_bytes = std::max<std::int64_t>(result.bucket_bytes, ddp.reducer().bucket(b).numel * 4);
+  }
+  return result;
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const bench::Flags flags(argc, argv,
+                           "bench_zero [--backend auto|mpi|gloo] [--layers N] [--layer-elements N] [--steps N]\n"
+                           "           [--memory STAGE]\n"
+                           "  ZeRO stages 0, 1, 2: optimizer state per rank, step time (or, with --memory, one stage's\n"
+                           "  peak RSS); run on several ranks (mpirun -np 4 ...)",
+                           {"--backend", "--layers", "--layer-elements", "--steps", "--memory"}, {});
+  auto comm = comm::connect(flags.text("--backend", "auto"));
+  const int layers = static_cast<int>(flags.integer("--layers", 24));
+  const std::int64_t elements = flags.integer("--layer-elements", 1 << 20);
+  const int steps = static_cast<int>(flags.integer("--steps", 5));
+  const int memory_stage = static_cast<int>(flags.integer("--memory", -1));
+  const double total_mib = static_cast<double>(layers * elements) * 4 / (1 << 20);
+  const int world = comm->size();
+
+  if (memory_stage >= 0) {
+    const Result r = run_stage(*comm, layers, elements, memory_stage, 2);
+    Tensor rss = Tensor::from_vector(std::vector<double>{peak_rss_mib()}, {1});
+    comm->allreduce_host(rss, comm::ReduceOp::max);
+    if (comm->rank() == 0) {
+      std::printf("stage %d, %d ranks, %.1fM parameters (%.0f MiB), Adam: optimizer state %.1f MiB per rank, peak RSS "
+                  "%.0f MiB (largest rank)\n",
+                  memory_stage, world, static_cast<double>(layers * elements) / 1e6, total_mib,
+                  static_cast<double>(r.state_bytes) / (1 << 20), rss.to_double_vector()[0]);
+    }
+    return 0;
+  }
+
+  // The yardstick: one allreduce of every gradient byte.
+  Tensor all = Tensor::zeros({layers * elements}, DType::f32);
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {
+    comm->barrier();
+    const auto start = Clock::now();
+    comm->allreduce(all, comm::ReduceOp::sum);
+    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double allreduce = times[times.size() / 2];
+  all = Tensor();
+
+  Result results[3];
+  for (int stage = 0; stage < 3; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps);
+  if (comm->rank() == 0) {
+    std::printf("%s, %d ranks: %d layers x %lld f32 = %.1fM parameters (%.0f MiB), Adam; one allreduce of every "
+                "gradient %.1f ms\n",
+                comm->backend(), world, layers, static_cast<long long>(elements),
+                static_cast<double>(layers * elements) / 1e6, total_mib, allreduce * 1e3);
+    std::printf("%-8s %16s %26s %10s %14s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
+                "vs stage 0");
+    const double full_state = static_cast<double>(results[0].state_bytes) / (1 << 20);
+    for (int stage = 0; stage < 3; ++stage) {
+      const Result& r = results[stage];
+      const double ceiling =
+          stage == 0 ? full_state : full_state / world + static_cast<double>(r.bucket_bytes) * 2 / (1 << 20);
+      std::printf("%-8d %16.1f %26.1f %10.1f %13.2fx\n", stage, static_cast<double>(r.state_bytes) / (1 << 20), ceiling,
+                  r.step_seconds * 1e3, r.step_seconds / results[0].step_seconds);
+    }
+  }
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "bench_zero: %s\n", error.what());
+  return 1;
+}
