@@ -2,6 +2,14 @@
 #include "gradsync/dist/zero.h"
 
 #include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "gradsync/io/safetensors.h"
 
 #include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
@@ -253,6 +261,216 @@ void ZeroOptimizer::save_consolidated(const std::filesystem::path& path) {
     detail::throw_error("ZeroOptimizer::save_consolidated: ",
                         failure.empty() ? "rank 0 could not write " + path.string() + " (see its error)" : failure);
   }
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+// One flag from every rank: true when any rank raises it. Sharded saves end every phase with
+// one, so that a failure on one rank is an error on all of them, never a rank left waiting.
+bool any_rank(comm::Communicator& comm, bool mine) {
+  Tensor flag = Tensor::from_vector(std::vector<double>{mine ? 1.0 : 0.0}, {1});
+  comm.allreduce_host(flag, comm::ReduceOp::max);
+  return flag.to_double_vector()[0] != 0.0;
+}
+
+std::string shard_key(std::size_t arena, std::size_t buffer) {
+  return "zero.shard." + std::to_string(arena) + "." + std::to_string(buffer);
+}
+
+}  // namespace
+
+void ZeroOptimizer::save_sharded(const std::filesystem::path& folder) {
+  Impl& z = *impl_;
+  z.wait_all();
+  optim::Optimizer& optimizer = z.optimizer;
+  // The set's name, chosen by rank 0: time and a random number, so it never reuses a folder.
+  Tensor id = Tensor::zeros({1}, DType::f64);
+  if (z.comm.rank() == 0) {
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    id.data_as<double>()[0] = static_cast<double>(std::chrono::duration_cast<std::chrono::seconds>(now).count() % 100000000) * 1000.0 +
+                              static_cast<double>(std::random_device{}() % 1000);
+  }
+  z.comm.broadcast_host(id, 0);
+  const std::string set = "set-" + std::to_string(static_cast<std::int64_t>(id.data_as<double>()[0]));
+  const std::filesystem::path set_folder = folder / set;
+
+  std::string failure;
+  try {
+    std::filesystem::create_directories(set_folder);
+    std::vector<io::NamedTensor> tensors;
+    const std::size_t buffers = optimizer.state_buffer_names().size();
+    for (std::size_t a = 0; a < z.ranges.size(); ++a) {
+      for (std::size_t b = 0; b < buffers; ++b) {
+        const Tensor mine = optimizer.shard_state(a, b);
+        if (mine.defined() && mine.numel() > 0) tensors.push_back({shard_key(a, b), mine});
+      }
+    }
+    io::Metadata metadata = optimizer.state_metadata();
+    json ranges = json::array(), present = json::object();
+    for (std::size_t a = 0; a < z.ranges.size(); ++a) {
+      for (const auto& range : z.ranges[a]) ranges.push_back({a, range.begin, range.end});
+    }
+    for (const Parameter& parameter : optimizer.registry()) {
+      if (!parameter.requires_grad()) continue;
+      try {
+        if (const std::uint32_t bits = optimizer.state_presence(parameter)) present[parameter.name()] = bits;
+      } catch (const Error&) {  // not optimized by this optimizer
+      }
+    }
+    metadata["zero.ranges"] = ranges.dump();
+    metadata["zero.present"] = present.dump();
+    metadata["zero.rank"] = std::to_string(z.comm.rank());
+    metadata["zero.world"] = std::to_string(z.comm.size());
+    metadata["zero.stage"] = std::to_string(z.options.stage);
+    io::save_safetensors(set_folder / ("rank" + std::to_string(z.comm.rank()) + ".safetensors"), tensors, metadata);
+  } catch (const std::exception& error) {
+    failure = error.what();
+  }
+  const auto give_up = [&](const std::string& what) {
+    if (z.comm.rank() == 0) {
+      std::error_code ignored;
+      std::filesystem::remove_all(set_folder, ignored);  // the incomplete set; the manifest still names the old one
+    }
+    detail::throw_error("ZeroOptimizer::save_sharded to ", folder.string(), ": ",
+                        failure.empty() ? what : failure, " (the previous set, if any, is still in force)");
+  };
+  if (any_rank(z.comm, !failure.empty())) give_up("another rank could not write its piece (see its error)");
+
+  // Every piece is on disk: point the manifest at the new set, atomically.
+  if (z.comm.rank() == 0) {
+    try {
+      const json manifest = {{"set", set}, {"world", z.comm.size()}, {"stage", z.options.stage}};
+      const std::filesystem::path temporary = folder / "manifest.json.tmp";
+      {
+        std::ofstream out(temporary, std::ios::trunc);
+        out << manifest.dump(2) << "\n";
+        out.flush();
+        GRADSYNC_CHECK(out.good(), "cannot write ", temporary.string());
+      }
+      std::filesystem::rename(temporary, folder / "manifest.json");
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+  if (any_rank(z.comm, !failure.empty())) give_up("rank 0 could not write the manifest (see its error)");
+  if (z.comm.rank() == 0) {  // the old sets are no longer named: remove them
+    for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+      const std::string name = entry.path().filename().string();
+      std::error_code ignored;
+      if (entry.is_directory() && name.starts_with("set-") && name != set) std::filesystem::remove_all(entry.path(), ignored);
+    }
+  }
+  z.comm.barrier();
+}
+
+void ZeroOptimizer::load_sharded(const std::filesystem::path& folder, bool reshard) {
+  Impl& z = *impl_;
+  z.wait_all();
+  optim::Optimizer& optimizer = z.optimizer;
+  json manifest;
+  {
+    std::ifstream in(folder / "manifest.json");
+    GRADSYNC_CHECK(in.good(), "ZeroOptimizer::load_sharded: no manifest.json in ", folder.string(),
+                   " (not a sharded checkpoint, or its first save never completed)");
+    manifest = json::parse(in, nullptr, false);
+  }
+  GRADSYNC_CHECK(manifest.is_object() && manifest.contains("set") && manifest["set"].is_string() &&
+                     manifest.contains("world") && manifest["world"].is_number_integer(),
+                 "ZeroOptimizer::load_sharded: malformed ", (folder / "manifest.json").string());
+  const std::filesystem::path set_folder = folder / manifest["set"].get<std::string>();
+  const int saved_world = manifest["world"].get<int>();
+  const auto file_of = [&](int rank) { return set_folder / ("rank" + std::to_string(rank) + ".safetensors"); };
+
+  // Each saved file: its ranges. Same world and the same ranges: this rank's own file only.
+  struct Piece {
+    std::size_t file;
+    std::size_t arena;
+    std::int64_t begin, end, packed;  // packed: its offset in that file's buffer
+  };
+  std::vector<std::unique_ptr<io::SafetensorsReader>> files;
+  std::vector<Piece> pieces;
+  const auto read_ranges = [&](int rank) {
+    files.push_back(std::make_unique<io::SafetensorsReader>(file_of(rank)));
+    const io::Metadata& metadata = files.back()->metadata();
+    GRADSYNC_CHECK(metadata.contains("zero.ranges"), file_of(rank).string(), ": not a ZeRO shard (no zero.ranges)");
+    const json ranges = json::parse(metadata.at("zero.ranges"), nullptr, false);
+    GRADSYNC_CHECK(ranges.is_array(), file_of(rank).string(), ": malformed zero.ranges");
+    std::map<std::size_t, std::int64_t> packed;
+    for (const json& range : ranges) {
+      GRADSYNC_CHECK(range.is_array() && range.size() == 3, file_of(rank).string(), ": malformed zero.ranges");
+      const auto arena = range[0].get<std::size_t>();
+      const auto begin = range[1].get<std::int64_t>(), end = range[2].get<std::int64_t>();
+      pieces.push_back({files.size() - 1, arena, begin, end, packed[arena]});
+      packed[arena] += end - begin;
+    }
+  };
+  bool same_layout = saved_world == z.comm.size();
+  if (same_layout) {
+    read_ranges(z.comm.rank());
+    std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t>> saved, mine;
+    for (const Piece& piece : pieces) saved.emplace_back(piece.arena, piece.begin, piece.end);
+    for (std::size_t a = 0; a < z.ranges.size(); ++a) {
+      for (const auto& range : z.ranges[a]) mine.emplace_back(a, range.begin, range.end);
+    }
+    same_layout = saved == mine;
+  }
+  // Every rank decides alike: resharding needed anywhere is resharding needed.
+  const bool needs_reshard = any_rank(z.comm, !same_layout);
+  if (needs_reshard) {
+    GRADSYNC_CHECK(reshard, "ZeroOptimizer::load_sharded: ", set_folder.string(), " was saved by ", saved_world,
+                   " rank(s)", saved_world == z.comm.size() ? " with other buckets" : "", ", this run has ",
+                   z.comm.size(), "; load_sharded(folder, /*reshard=*/true) reads each rank's pieces from every file");
+    files.clear();
+    pieces.clear();
+    for (int r = 0; r < saved_world; ++r) read_ranges(r);
+  }
+
+  // Per parameter touching this rank's pieces: a full-shape tensor with those pieces filled in
+  // (Optimizer::load_state keeps only the owned elements); presence of the others' state from
+  // the metadata.
+  const io::Metadata& first = files.front()->metadata();
+  io::Metadata metadata;
+  for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) {
+    GRADSYNC_CHECK(first.contains(key), files.front()->path().string(), ": no '", key, "' metadata");
+    metadata[key] = first.at(key);
+  }
+  const json present = json::parse(first.count("zero.present") ? first.at("zero.present") : "{}", nullptr, false);
+  GRADSYNC_CHECK(present.is_object(), files.front()->path().string(), ": malformed zero.present");
+  const auto& names = optimizer.state_buffer_names();
+  std::map<std::pair<std::size_t, std::size_t>, std::map<std::size_t, Tensor>> buffers;  // (file, arena) -> buffer -> data
+  std::vector<io::NamedTensor> tensors;
+  json elsewhere = json::object();
+  for (const Parameter& parameter : optimizer.registry()) {
+    if (!parameter.requires_grad() || !present.contains(parameter.name())) continue;
+    const auto bits = present[parameter.name()].get<std::uint32_t>();
+    const auto p_begin = static_cast<std::int64_t>(parameter.arena_offset());
+    const std::int64_t p_end = p_begin + parameter.numel();
+    bool mine = false;
+    for (const auto& range : z.ranges.at(parameter.arena_index())) mine = mine || (range.begin < p_end && p_begin < range.end);
+    if (!mine) {
+      elsewhere[parameter.name()] = bits;
+      continue;
+    }
+    const DType dtype = optimizer.state_dtype(parameter.arena_index());
+    for (std::size_t b = 0; b < names.size(); ++b) {
+      if (!(bits & (1u << b))) continue;
+      Tensor whole = Tensor::zeros({parameter.numel()}, dtype);
+      for (const Piece& piece : pieces) {
+        if (piece.arena != parameter.arena_index()) continue;
+        const std::int64_t lo = std::max(piece.begin, p_begin), hi = std::min(piece.end, p_end);
+        if (lo >= hi) continue;
+        Tensor& data = buffers[{piece.file, piece.arena}][b];
+        if (!data.defined()) data = files[piece.file]->read(shard_key(piece.arena, b));
+        Tensor target = whole.view(static_cast<std::size_t>(lo - p_begin), {hi - lo});
+        target.copy_from(data.view(static_cast<std::size_t>(piece.packed + (lo - piece.begin)), {hi - lo}));
+      }
+      tensors.push_back({"optimizer.state." + parameter.name() + "." + names[b], whole.view(0, parameter.shape())});
+    }
+  }
+  metadata["optimizer.present_elsewhere"] = elsewhere.dump();
+  optimizer.load_state(tensors, metadata, "the sharded checkpoint " + set_folder.string());
 }
 
 void ZeroOptimizer::load_state(const std::filesystem::path& path) {

@@ -446,6 +446,11 @@ std::vector<io::NamedTensor> Optimizer::state_tensors_of(const std::vector<std::
 
 Tensor Optimizer::shard_state(std::size_t arena, std::size_t buffer) const { return buffers_.at(arena).at(buffer); }
 
+std::uint32_t Optimizer::state_presence(const Parameter& parameter) const {
+  require_optimized(parameter, "state_presence");
+  return present_[parameter.index()];
+}
+
 io::Metadata Optimizer::state_metadata() const {
   json groups = json::array();
   for (std::size_t group = 0; group < groups_.size(); ++group) {
@@ -542,6 +547,22 @@ void Optimizer::load_state_from(const std::string& where, const io::Metadata& me
       new_steps[parameter->index()] = item.value().get<std::int64_t>();
     }
   }
+  // Presence of state held in the other files of a sharded set.
+  std::vector<std::uint32_t> present_elsewhere(registry_.size(), 0u);
+  if (metadata.contains("optimizer.present_elsewhere")) {
+    const json elsewhere = json::parse(metadata.at("optimizer.present_elsewhere"), nullptr, false);
+    GRADSYNC_CHECK(elsewhere.is_object(), where, ": malformed optimizer.present_elsewhere");
+    for (auto item = elsewhere.begin(); item != elsewhere.end(); ++item) {
+      const Parameter* parameter = registry_.find(item.key());
+      if (parameter == nullptr || group_of_[parameter->index()] == kNoGroup) {
+        differ("state presence for '", item.key(), "', which this optimizer does not hold");
+      } else if (!item.value().is_number_unsigned() || item.value().get<std::uint64_t>() >> buffer_names_.size()) {
+        differ("state presence for '", item.key(), "' is not a set of ", buffer_names_.size(), " buffers");
+      } else {
+        present_elsewhere[parameter->index()] = item.value().get<std::uint32_t>();
+      }
+    }
+  }
   struct Staged {
     const Parameter* parameter;
     std::size_t buffer;
@@ -592,7 +613,7 @@ void Optimizer::load_state_from(const std::string& where, const io::Metadata& me
     detail::throw_error(where, ": ", error.what());
   }
   steps_ = new_steps;
-  std::fill(present_.begin(), present_.end(), 0u);
+  present_ = present_elsewhere;
   for (std::size_t arena = 0; arena < buffers_.size(); ++arena) {
     for (Tensor& buffer : buffers_[arena]) {
       if (buffer.defined()) ops::fill(buffer, 0.0);

@@ -171,6 +171,69 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   testing::expect_near_vectors("4 ranks stage 2 -> 3 ranks unsharded", resumed_plain, straight, 1e-5);
 }
 
+// Sharded sets: 3 steps on 4 ranks (stage 2), a sharded save; resumed on 4 ranks as saved, and
+// on 2 ranks only with reshard = true; both equal 6 uninterrupted steps. A save whose manifest
+// cannot be written is an error on every rank and leaves the previous set in force.
+TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
+  testing::TempDir folder;
+  const auto weights = folder / "weights.safetensors";
+  const auto sets = folder / "sharded";
+  std::vector<double> straight, same_world, resharded;
+  const auto values = [](testing::ShardModel& model) {
+    std::vector<double> all;
+    for (Parameter* p : model.parameters) {
+      const std::vector<double> v = p->value().to_double_vector();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto run = [&](int world, int stage, int first, int steps, const std::function<void(dist::ZeroOptimizer&, Communicator&)>& before,
+                       const std::function<void(dist::ZeroOptimizer&, testing::ShardModel&, Communicator&)>& after) {
+    comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+      testing::ShardModel model(DType::f32);
+      if (first > 0) io::load_registry(model.registry, weights);
+      auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+      dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
+      dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
+      before(zero, comm);
+      train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, first, steps);
+      after(zero, model, comm);
+    });
+  };
+  const auto nothing = [](dist::ZeroOptimizer&, Communicator&) {};
+  run(4, 2, 0, 6, nothing, [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
+    if (comm.rank() == 0) straight = values(model);
+  });
+  run(4, 2, 0, 3, nothing, [&](dist::ZeroOptimizer& zero, testing::ShardModel& model, Communicator& comm) {
+    zero.save_sharded(sets);
+    if (comm.rank() == 0) io::save_registry(model.registry, weights);
+    comm.barrier();
+    // A second save whose manifest cannot be written: an error everywhere, the first set stays.
+    if (comm.rank() == 0) std::filesystem::create_directories(sets / "manifest.json.tmp");
+    comm.barrier();
+    EXPECT_GRADSYNC_ERROR(zero.save_sharded(sets), "save_sharded", "the previous set, if any, is still in force");
+    if (comm.rank() == 0) std::filesystem::remove_all(sets / "manifest.json.tmp");
+    comm.barrier();
+  });
+  std::size_t set_folders = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(sets)) set_folders += entry.is_directory() ? 1 : 0;
+  EXPECT_EQ(set_folders, 1u) << "the failed save's pieces are removed, the first set kept";
+  run(4, 2, 3, 3, [&](dist::ZeroOptimizer& zero, Communicator&) { zero.load_sharded(sets); },
+      [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
+        if (comm.rank() == 0) same_world = values(model);
+      });
+  run(2, 1, 3, 3,
+      [&](dist::ZeroOptimizer& zero, Communicator&) {
+        EXPECT_GRADSYNC_ERROR(zero.load_sharded(sets), "was saved by 4 rank(s), this run has 2", "reshard");
+        zero.load_sharded(sets, /*reshard=*/true);
+      },
+      [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
+        if (comm.rank() == 0) resharded = values(model);
+      });
+  testing::expect_near_vectors("resumed on 4 ranks", same_world, straight, 1e-6);
+  testing::expect_near_vectors("resharded onto 2 ranks", resharded, straight, 1e-5);
+}
+
 // A failed consolidated save is an error on every rank and leaves the previous file intact.
 TEST(ZeroCheckpoint, AFailedSaveIsAnErrorEverywhere) {
   testing::TempDir folder;

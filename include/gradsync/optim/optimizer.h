@@ -144,6 +144,8 @@ class Optimizer {
   std::int64_t state_bytes() const;
   // Whether update_arena() uses state_data() and arena_buffers() only (which sharding shifts).
   virtual bool supports_sharding() const { return false; }
+  // Which state buffers a parameter holds (bit b for buffer b), the same on every rank.
+  std::uint32_t state_presence(const Parameter& parameter) const;
   // This rank's packed state of one buffer (an undefined Tensor while it does not exist).
   Tensor shard_state(std::size_t arena, std::size_t buffer) const;
   // The checkpoint tensors (as state_tensors() names them) of state buffers given in the full
@@ -158,7 +160,9 @@ class Optimizer {
   io::Metadata state_metadata() const;
   void save_state(const std::filesystem::path& path) const;
   // Loads a state saved by an optimizer of the same type over the same parameters: groups
-  // (their members and hyperparameters), step counts and buffers. Any mismatch raises one
+  // (their members and hyperparameters), step counts and buffers. A piece of a sharded set may
+  // carry "optimizer.present_elsewhere" ({name: bits}): state held by parameters whose tensors
+  // are in the set's other files (so a rank learns every parameter's presence). Any mismatch raises one
   // error listing every difference, and leaves this optimizer unchanged.
   void load_state(const std::filesystem::path& path);
   void load_state(const io::SafetensorsReader& file);
