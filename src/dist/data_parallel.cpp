@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <sstream>
 
 #include "consistency.h"
@@ -84,6 +85,9 @@ struct DataParallel::Impl {
   // shrunk by the joined ranks (docs/join.md).
   bool step_carries = false;
   bool last_step_carried = false;  // as the last status said
+  // An optimizer whose step is collective (ZeRO): after every synchronized step that does not
+  // carry, the active ranks step it, and a joined rank runs this to take part (join.h).
+  std::function<void()> shadow_optimizer_step;
 
   Impl(ParameterRegistry& registry_, comm::Communicator& comm_, DataParallelOptions options_)
       : registry(registry_), comm(comm_), options(options_) {}
@@ -218,12 +222,20 @@ struct DataParallel::Impl {
       if (last_used_counts[i] == 0 && undefined_before[i]) parameters[i]->zero_grad(/*set_to_undefined=*/true);
     }
     if (census.joined > 0 && join_flags == 0) react_to_joined(census);
+    if (census.joined > 0 && census.joined < world && join_options != nullptr &&
+        !join_options->divide_by_initial_world_size && !hook_registered) {
+      // The buckets divided by the world size: make it the number of ranks still active. On
+      // every rank: a joined rank's pieces of a sharded optimizer (ZeRO) step with it too.
+      const double factor = static_cast<double>(world) / static_cast<double>(world - census.joined);
+      for (Parameter* parameter : parameters) {
+        if (parameter->grad_defined()) ops::scale(parameter->grad_for_accumulate(), factor);
+      }
+    }
     return census;
   }
 
   // An active rank's step in which `census.joined` ranks contributed zeros.
   void react_to_joined(const join_detail::Census& census) {
-    const int world = comm.size();
     if (join_options == nullptr) {
       std::ostringstream ranks;
       for (std::size_t k = 0; k < census.joined_ranks.size(); ++k) ranks << (k ? ", " : "") << census.joined_ranks[k];
@@ -232,13 +244,6 @@ struct DataParallel::Impl {
     }
     if (join_options->throw_on_early_termination) {
       throw JoinEarlyTermination("Detected at least one rank that exhausted inputs. Throwing across all ranks.");
-    }
-    if (!join_options->divide_by_initial_world_size && !hook_registered && census.joined < world) {
-      // The buckets divided by the world size: make it the number of ranks still active.
-      const double factor = static_cast<double>(world) / static_cast<double>(world - census.joined);
-      for (Parameter* parameter : parameters) {
-        if (parameter->grad_defined()) ops::scale(parameter->grad_for_accumulate(), factor);
-      }
     }
   }
 
@@ -274,6 +279,13 @@ struct DataParallel::Impl {
       if (join_options != nullptr && join_options->throw_on_early_termination) {
         throw JoinEarlyTermination("Rank " + std::to_string(comm.rank()) + " exhausted all inputs.");
       }
+      if (shadow_optimizer_step && !last_step_carried) {
+        try {
+          shadow_optimizer_step();
+        } catch (const std::exception& error) {
+          join_detail::rethrow_from_shadow_step(error);
+        }
+      }
       flags = join_detail::kJoined;
     }
     for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
@@ -282,7 +294,8 @@ struct DataParallel::Impl {
       Tensor values = arena.values;
       comm.broadcast(values, last_joiner);
     }
-    if (optimizer != nullptr) broadcast_optimizer_state(*optimizer, comm, last_joiner);
+    // A sharded optimizer (ZeRO) kept stepping its pieces on the joined ranks: nothing to copy.
+    if (optimizer != nullptr && !optimizer->sharded()) broadcast_optimizer_state(*optimizer, comm, last_joiner);
     // An AUTO trial cut short by the join counted different windows on different ranks: start
     // the trials again, everywhere alike.
     if (!automatic.chosen) automatic = AutoState{};
@@ -329,6 +342,9 @@ bool DataParallel::sync_enabled() const { return impl_->no_sync_depth == 0; }
 void DataParallel::synchronize_all() { impl_->synchronize_all(); }
 const std::vector<int>& DataParallel::last_used_counts() const { return impl_->last_used_counts; }
 bool DataParallel::inside_join() const { return impl_->join_options != nullptr; }
+void DataParallel::set_shadow_optimizer_step(std::function<void()> step) {
+  impl_->shadow_optimizer_step = std::move(step);
+}
 const Reducer& DataParallel::reducer() const { return *impl_->reducer; }
 comm::Communicator& DataParallel::communicator() const { return impl_->comm; }
 ParameterRegistry& DataParallel::registry() const { return impl_->registry; }

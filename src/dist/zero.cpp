@@ -2,6 +2,7 @@
 #include "gradsync/dist/zero.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -43,6 +44,54 @@ struct ZeroOptimizer::Impl {
       : optimizer(optimizer_), ddp(ddp_), options(options_),
         own_comm(ddp_.communicator().size() > 1 ? ddp_.communicator().duplicate() : nullptr),
         comm(own_comm ? *own_comm : ddp_.communicator()) {}
+
+  // Under dist::Join a joined rank must take part in every step: its pieces are its to update,
+  // and the gathers need it. Each collective phase of a step on the active ranks therefore
+  // starts with a control allreduce (max) of [kind, unscale, clip] that a joined rank answers
+  // with zeros and reads: kind 1, the gradient statistics follow; kind 2, the step and the
+  // gathers. See docs/zero.md.
+  static constexpr double kStatistics = 1, kStep = 2;
+  bool shadowing = false;  // this rank is a joined rank in a shadow step
+
+  std::array<double, 3> control(double kind, double unscale, double clip) {
+    Tensor words = Tensor::from_vector(std::vector<double>{kind, unscale, clip}, {3});
+    comm.allreduce_host(words, comm::ReduceOp::max);
+    const std::vector<double> v = words.to_double_vector();
+    return {v[0], v[1], v[2]};
+  }
+
+  bool announces() const { return ddp.inside_join() && !shadowing; }
+
+  void require_no_scaler_under_join() const {
+    GRADSYNC_CHECK(!ddp.inside_join() || optimizer.pending_gradient_unscale() == 1.0, "ZeroOptimizer under dist::Join ",
+                   "with a GradScaler is not supported: a skipped step would leave the joined ranks waiting for it");
+  }
+
+  // A joined rank's part in one optimizer step of the others (DataParallel's join loop calls
+  // it after every synchronized step that does not carry).
+  void shadow_step() {
+    shadowing = true;
+    struct Reset {
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{shadowing};
+    for (;;) {
+      const auto [kind, unscale, clip] = control(0, 0, 0);
+      if (kind == kStatistics) {
+        if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
+        (void)optimizer.gradient_statistics();  // combine() takes part in the sums
+      } else if (kind == kStep) {
+        if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
+        if (clip != 1.0) optimizer.defer_gradient_clip(clip);
+        optimizer.step();
+        launch_gathers();
+        wait_all();
+        return;
+      } else {
+        detail::throw_error("ZeroOptimizer: a joined rank expected the others' optimizer step, got control word ", kind);
+      }
+    }
+  }
 
   void build() {
     GRADSYNC_CHECK(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage ", options.stage,
@@ -102,10 +151,15 @@ struct ZeroOptimizer::Impl {
       std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     }
     optimizer.shard(ranges, [this](optim::GradientStatistics& statistics) { combine(statistics); });
+    ddp.set_shadow_optimizer_step([this] { shadow_step(); });
   }
 
   // Every rank's statistics of its owned pieces, made the world's: sums, and the largest.
   void combine(optim::GradientStatistics& statistics) {
+    if (announces()) {
+      require_no_scaler_under_join();
+      control(kStatistics, optimizer.pending_gradient_unscale(), 1.0);
+    }
     Tensor sums = Tensor::from_vector(
         std::vector<double>{statistics.sum_of_squares, static_cast<double>(statistics.nonfinite)}, {2});
     comm.allreduce_host(sums, comm::ReduceOp::sum);
@@ -165,13 +219,17 @@ ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer, DataParallel& ddp, Zer
   impl_->build();
 }
 
-ZeroOptimizer::~ZeroOptimizer() { impl_->drain(); }
+ZeroOptimizer::~ZeroOptimizer() {
+  impl_->ddp.set_shadow_optimizer_step(nullptr);
+  impl_->drain();
+}
 
 void ZeroOptimizer::step_async() {
-  // A joined rank (dist::Join) shadows synchronized steps only; nobody would answer the gathers.
-  GRADSYNC_CHECK(!impl_->ddp.inside_join(), "ZeroOptimizer under dist::Join is not supported yet: a joined rank ",
-                 "shadows the synchronized steps, not the parameter gathers");
   impl_->wait_all();
+  if (impl_->announces()) {  // joined ranks step their pieces with us (Impl::shadow_step)
+    impl_->require_no_scaler_under_join();
+    impl_->control(Impl::kStep, impl_->optimizer.pending_gradient_unscale(), impl_->optimizer.pending_gradient_clip());
+  }
   impl_->optimizer.step();
   impl_->launch_gathers();
 }

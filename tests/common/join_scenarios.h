@@ -12,6 +12,8 @@
 
 #include "dist_scenarios.h"
 #include "gradsync/dist/join.h"
+#include "gradsync/dist/zero.h"
+#include "gradsync/optim/clip.h"
 
 namespace gradsync::testing {
 
@@ -25,6 +27,8 @@ struct UnevenCase {
   std::vector<int> counts{3, 5, 2, 5};  // batches per rank and epoch; epoch e shifts them by e
   int epochs = 2;
   double tolerance = 2e-5;  // f32 sums in another order; fp16 compression needs more
+  int zero_stage = 0;       // ZeRO (dist/zero.h): joined ranks keep stepping their pieces
+  double clip = 0;          // clip to this global norm before each step (0: off)
 
   int count(int rank, int epoch, int world) const {
     return counts[static_cast<std::size_t>((rank + epoch) % world) % counts.size()];
@@ -32,7 +36,8 @@ struct UnevenCase {
   std::string describe() const {
     return optimizer + " " + dist::sync_strategy_name(strategy) + " x" + std::to_string(microbatches) +
            (divide_by_initial_world_size ? " /initial" : " /active") + (find_unused_parameters ? " unused" : "") +
-           " " + dist::compression_name(compression);
+           " " + dist::compression_name(compression) + (zero_stage ? " zero " + std::to_string(zero_stage) : "") +
+           (clip > 0 ? " clip" : "");
   }
 };
 
@@ -80,7 +85,10 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
   dist::DataParallel ddp(model.registry, comm,
                          {.bucket_cap_mb = 1e-6,  // a bucket per parameter: several collectives to shadow
                           .find_unused_parameters = c.find_unused_parameters,
-                          .compression = c.compression});
+                          .compression = c.compression,
+                          .shard_gradients = c.zero_stage == 2});
+  std::unique_ptr<dist::ZeroOptimizer> zero;
+  if (c.zero_stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*optimizer, ddp, dist::ZeroOptions{.stage = c.zero_stage});
 
   for (int epoch = 0; epoch < c.epochs; ++epoch) {
     std::vector<int> counts;
@@ -95,7 +103,8 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
         ddp.end_backward();
         context.close();
       }
-      optimizer->step();
+      if (c.clip > 0) zero ? zero->clip_grad_norm(c.clip) : optim::clip_grad_norm(*optimizer, c.clip);
+      zero ? zero->step() : optimizer->step();
       optimizer->zero_grad();
     }
     EXPECT_EQ(join.join(), expected_last_joiner(counts)) << "epoch " << epoch;
@@ -117,6 +126,7 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
       const double divisor = c.divide_by_initial_world_size ? world : active;
       ops::scale(single.w->grad_for_accumulate(), 1.0 / divisor);
       if (bias_used) ops::scale(single.b->grad_for_accumulate(), 1.0 / divisor);
+      if (c.clip > 0) optim::clip_grad_norm(*reference, c.clip);
       reference->step();
       reference->zero_grad();
     }

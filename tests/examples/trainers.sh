@@ -90,6 +90,8 @@ case $case_name in
       --min-accuracy 0.95 --check-replicas --quiet
     "${mpi3[@]}" "$examples/digits_ddp" --uneven --batch 60 --precision fp16 --divide-by-active --sync-strategy multi \
       --microbatches 2 --epochs 20 --min-accuracy 0.95 --check-replicas --quiet
+    "${mpi3[@]}" "$examples/digits_ddp" --uneven --batch 60 --zero 2 --optimizer adam --clip-norm 1 --epochs 20 \
+      --min-accuracy 0.95 --check-replicas --quiet
     "$source/scripts/launch.sh" 3 "$examples/horovod_style" --backend gloo --uneven --batch 60 \
       --backward-passes-per-step 2 --optimizer adam --epochs 20 --min-accuracy 0.95 --check-replicas --quiet ;;
   zero)  # ZeRO stage 1 and 2 (and stage 1 with bf16 and clipping) reach the target with identical replicas

@@ -44,6 +44,24 @@ TEST(Join, AutoDecidesWhileARankIsJoined) {
   });
 }
 
+// ZeRO as a joinable: a joined rank keeps stepping its pieces (they are nobody else's) and
+// takes part in the gathers and in the clipping norm, under every strategy that applies.
+TEST(Join, ZeroOptimizerKeepsSteppingOnJoinedRanks) {
+  for (const int world : {2, 3, 4}) {
+    comm::run_gloo_thread_group(world, [](Communicator& comm) {
+      for (const int stage : {1, 2}) {
+        for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
+                                               DDPSyncStrategy::forced_sync, DDPSyncStrategy::auto_select}) {
+          if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;
+          testing::uneven_data_parallel(comm, {.optimizer = "adam", .strategy = strategy,
+                                               .find_unused_parameters = stage == 1, .zero_stage = stage});
+        }
+        testing::uneven_data_parallel(comm, {.divide_by_initial_world_size = false, .zero_stage = stage, .clip = 0.5});
+      }
+    });
+  }
+}
+
 TEST(Join, CompressionHooksAndOneMicrobatch) {
   comm::run_gloo_thread_group(3, [](Communicator& comm) {
     testing::uneven_data_parallel(comm, {.microbatches = 1, .compression = dist::Compression::fp16, .tolerance = 2e-3});

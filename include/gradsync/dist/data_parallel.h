@@ -34,6 +34,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,7 @@ struct DataParallelOptions {
 
 class DDPSyncContext;
 class Join;
+class ZeroOptimizer;
 
 class DataParallel {
  public:
@@ -104,6 +106,10 @@ class DataParallel {
   friend class NoSync;
   friend class DDPSyncContext;
   friend class Join;
+  friend class ZeroOptimizer;
+  // ZeRO's part in a join: what a joined rank runs after each synchronized step that does not
+  // carry, when the active ranks step a collective optimizer.
+  void set_shadow_optimizer_step(std::function<void()> step);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
