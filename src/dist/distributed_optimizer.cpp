@@ -87,6 +87,7 @@ struct DistributedOptimizer::Impl {
   std::set<const Parameter*> seen;  // had a backward pass since the last synchronization
   std::vector<std::vector<Parameter*>> groups;
   std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<ZeroOptimizer> zero;
   ParameterRegistry::Subscription subscription;
   bool distributed = false;
   bool adasum = false;
@@ -150,10 +151,19 @@ struct DistributedOptimizer::Impl {
         "backward_passes_per_step " + std::to_string(options.backward_passes_per_step),
         "gradient_predivide_factor " + std::to_string(options.gradient_predivide_factor),
         "fusion_threshold_bytes " + std::to_string(options.fusion_threshold_bytes),
+        "zero_stage " + std::to_string(options.zero_stage),
         std::string("sparse_as_dense ") + (options.sparse_as_dense ? "true" : "false")};
     require_same_lines(comm, settings, "DistributedOptimizer", "options");
 
     adasum = options.op == Op::adasum;
+    GRADSYNC_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, "zero_stage ", options.zero_stage,
+                   ": expected 0, 1 or 2");
+    if (options.zero_stage > 0) {
+      GRADSYNC_CHECK(!adasum, "zero_stage does not combine with op Adasum: Adasum takes a local step of every "
+                              "parameter, which a sharded optimizer does not hold");
+      GRADSYNC_CHECK(sparse.empty(), "zero_stage does not combine with sparse parameters ('", (*sparse.begin())->name(),
+                     "'): their rows are allgathered, not bucketed, so no rank would own them; set sparse_as_dense");
+    }
     if (adasum) {
       GRADSYNC_CHECK((comm.size() & (comm.size() - 1)) == 0,
                      "Running Adasum with non-power of 2 ranks is not supported yet (this world has ", comm.size(),
@@ -180,6 +190,7 @@ struct DistributedOptimizer::Impl {
       reducer_options.bucket_limits = {std::max<std::size_t>(options.fusion_threshold_bytes, 1)};
       reducer_options.rule = BucketRule::fusion;
       reducer_options.compression = options.compression;
+      reducer_options.reduce_scatter = options.zero_stage == 2;
       reducer_options.op = comm_op(options.op);
       if (options.op == Op::average) {
         // Horovod: prescale 1/f, postscale f/N; the mean, divided before the sum by f.
@@ -190,6 +201,9 @@ struct DistributedOptimizer::Impl {
       reducer = std::make_unique<Reducer>(optimizer.registry(), comm, dense, adasum ? std::vector<std::vector<Parameter*>>{}
                                                                                     : dense_groups,
                                           reducer_options);
+    }
+    if (options.zero_stage > 0 && reducer) {
+      zero = std::make_unique<ZeroOptimizer>(optimizer, *reducer, comm, ZeroOptions{.stage = options.zero_stage});
     }
     subscription = optimizer.registry().on_ready([this](Parameter& parameter) { on_ready(parameter); });
   }
@@ -407,6 +421,8 @@ struct DistributedOptimizer::Impl {
   }
 
   int join() {
+    GRADSYNC_CHECK(!zero, "join is not supported with zero_stage: a joined rank would have to keep stepping its pieces; "
+                          "use DataParallel with dist::Join and ZeroOptimizer, which does");
     GRADSYNC_CHECK(!adasum, "join is not supported with Adasum: its reduction happens inside a local optimizer step, "
                             "which a rank without data cannot take");
     GRADSYNC_CHECK(!(reducer && reducer->round_started()),
@@ -493,7 +509,7 @@ void DistributedOptimizer::step() {
   }
   impl_->synchronized = false;
   impl_->clipped = false;
-  impl_->optimizer.step();
+  impl_->zero ? impl_->zero->step() : impl_->optimizer.step();  // ZeRO: this rank's pieces, then the gathers
 }
 
 double DistributedOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
@@ -589,6 +605,7 @@ void DistributedOptimizer::load_state(const std::filesystem::path& path) {
 }
 
 optim::Optimizer& DistributedOptimizer::optimizer() const { return impl_->optimizer; }
+const ZeroOptimizer* DistributedOptimizer::zero() const { return impl_->zero.get(); }
 const Reducer* DistributedOptimizer::reducer() const { return impl_->reducer.get(); }
 
 std::vector<std::vector<std::string>> DistributedOptimizer::group_names() const {

@@ -20,7 +20,8 @@ namespace gradsync::dist {
 
 struct ZeroOptimizer::Impl {
   optim::Optimizer& optimizer;
-  DataParallel& ddp;
+  const Reducer& reducer;     // whose buckets are sharded
+  DataParallel* ddp;          // the DataParallel front end (Join takes part), or null
   ZeroOptions options;
   // The parameter gathers run on their own communicator: launched after the step, they may
   // still travel while the next backward's buckets go out on the Reducer's.
@@ -40,10 +41,13 @@ struct ZeroOptimizer::Impl {
   };
   std::vector<Gather> gathers;  // by bucket index
 
-  Impl(optim::Optimizer& optimizer_, DataParallel& ddp_, ZeroOptions options_)
-      : optimizer(optimizer_), ddp(ddp_), options(options_),
-        own_comm(ddp_.communicator().size() > 1 ? ddp_.communicator().duplicate() : nullptr),
-        comm(own_comm ? *own_comm : ddp_.communicator()) {}
+  Impl(optim::Optimizer& optimizer_, const Reducer& reducer_, comm::Communicator& base, DataParallel* ddp_,
+       ZeroOptions options_)
+      : optimizer(optimizer_), reducer(reducer_), ddp(ddp_), options(options_),
+        own_comm(base.size() > 1 ? base.duplicate() : nullptr), comm(own_comm ? *own_comm : base) {}
+
+  bool inside_join() const { return ddp != nullptr && ddp->inside_join(); }
+  ParameterRegistry& registry() const { return optimizer.registry(); }
 
   // Under dist::Join a joined rank must take part in every step: its pieces are its to update,
   // and the gathers need it. Each collective phase of a step on the active ranks therefore
@@ -60,10 +64,10 @@ struct ZeroOptimizer::Impl {
     return {v[0], v[1], v[2]};
   }
 
-  bool announces() const { return ddp.inside_join() && !shadowing; }
+  bool announces() const { return inside_join() && !shadowing; }
 
   void require_no_scaler_under_join() const {
-    GRADSYNC_CHECK(!ddp.inside_join() || optimizer.pending_gradient_unscale() == 1.0, "ZeroOptimizer under dist::Join ",
+    GRADSYNC_CHECK(!inside_join() || optimizer.pending_gradient_unscale() == 1.0, "ZeroOptimizer under dist::Join ",
                    "with a GradScaler is not supported: a skipped step would leave the joined ranks waiting for it");
   }
 
@@ -96,9 +100,9 @@ struct ZeroOptimizer::Impl {
   void build() {
     GRADSYNC_CHECK(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage ", options.stage,
                    " (expected 1: optimizer state sharded, or 2: gradients too)");
-    GRADSYNC_CHECK(&optimizer.registry() == &ddp.registry(), "ZeroOptimizer: the optimizer and the DataParallel are ",
-                   "over different registries");
-    const bool sharded_gradients = ddp.options().shard_gradients;
+    GRADSYNC_CHECK(ddp == nullptr || &optimizer.registry() == &ddp->registry(), "ZeroOptimizer: the optimizer and the ",
+                   "DataParallel are over different registries");
+    const bool sharded_gradients = reducer.options().reduce_scatter;
     GRADSYNC_CHECK(sharded_gradients == (options.stage == 2), "ZeroOptimizer: stage ", options.stage, " needs a ",
                    "DataParallel ", options.stage == 2 ? "with" : "without", " shard_gradients (DataParallelOptions), ",
                    "which decides whether buckets are reduce-scattered (stage 2) or allreduced (stage 1)");
@@ -112,9 +116,8 @@ struct ZeroOptimizer::Impl {
                      all.to_double_vector()[static_cast<std::size_t>(r)]);
     }
 
-    const Reducer& reducer = ddp.reducer();
     all_ranges.assign(static_cast<std::size_t>(comm.size()),
-                      std::vector<std::vector<optim::Optimizer::ElementRange>>(ddp.registry().arenas().size()));
+                      std::vector<std::vector<optim::Optimizer::ElementRange>>(registry().arenas().size()));
     for (std::size_t b = 0; b < reducer.bucket_count(); ++b) {
       const BucketInfo& info = reducer.bucket(b);
       const std::int64_t begin = static_cast<std::int64_t>(info.members[0]->arena_offset()) - info.member_offset[0];
@@ -130,7 +133,7 @@ struct ZeroOptimizer::Impl {
         std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
       }
     }
-    ranges.assign(ddp.registry().arenas().size(), {});
+    ranges.assign(registry().arenas().size(), {});
     for (std::size_t b = 0; b < reducer.bucket_count(); ++b) {
       const BucketInfo& info = reducer.bucket(b);
       GRADSYNC_CHECK(info.arena_view, "ZeroOptimizer: bucket ", b, " (", info.members[0]->name(), ", ...) is not a view ",
@@ -143,7 +146,7 @@ struct ZeroOptimizer::Impl {
       if (gather.shard.count > 0) {
         ranges[gather.arena].push_back({gather.begin + gather.shard.begin, gather.begin + gather.shard.begin + gather.shard.count});
       }
-      const Arena& arena = ddp.registry().arenas()[gather.arena];
+      const Arena& arena = registry().arenas()[gather.arena];
       gather.staging = Tensor::empty({gather.shard.count}, arena.dtype, arena.device);
       gathers.push_back(std::move(gather));
     }
@@ -151,7 +154,7 @@ struct ZeroOptimizer::Impl {
       std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     }
     optimizer.shard(ranges, [this](optim::GradientStatistics& statistics) { combine(statistics); });
-    ddp.set_shadow_optimizer_step([this] { shadow_step(); });
+    if (ddp != nullptr) ddp->set_shadow_optimizer_step([this] { shadow_step(); });
   }
 
   // Every rank's statistics of its owned pieces, made the world's: sums, and the largest.
@@ -172,7 +175,7 @@ struct ZeroOptimizer::Impl {
 
   void launch_gathers() {
     for (Gather& gather : gathers) {
-      Tensor values = ddp.registry().arenas()[gather.arena].values;  // shares the arena's storage
+      Tensor values = registry().arenas()[gather.arena].values;  // shares the arena's storage
       if (gather.shard.count > 0) {
         gather.staging.copy_from(values.view(static_cast<std::size_t>(gather.begin + gather.shard.begin), {gather.shard.count}));
       }
@@ -215,12 +218,18 @@ struct ZeroOptimizer::Impl {
 };
 
 ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer, DataParallel& ddp, ZeroOptions options)
-    : impl_(std::make_unique<Impl>(optimizer, ddp, options)) {
+    : impl_(std::make_unique<Impl>(optimizer, ddp.reducer(), ddp.communicator(), &ddp, options)) {
+  impl_->build();
+}
+
+ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer, const Reducer& reducer, comm::Communicator& comm,
+                             ZeroOptions options)
+    : impl_(std::make_unique<Impl>(optimizer, reducer, comm, nullptr, options)) {
   impl_->build();
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  impl_->ddp.set_shadow_optimizer_step(nullptr);
+  if (impl_->ddp != nullptr) impl_->ddp->set_shadow_optimizer_step(nullptr);
   impl_->drain();
 }
 
@@ -240,7 +249,7 @@ void ZeroOptimizer::step() {
 }
 
 void ZeroOptimizer::wait_for(const Parameter& parameter) {
-  impl_->wait(impl_->gathers.at(impl_->ddp.reducer().bucket_of(parameter)));
+  impl_->wait(impl_->gathers.at(impl_->reducer.bucket_of(parameter)));
 }
 
 void ZeroOptimizer::wait_all() { impl_->wait_all(); }
@@ -262,7 +271,7 @@ ZeroOptimizer::State ZeroOptimizer::consolidated_state() {
   Impl& z = *impl_;
   z.wait_all();
   optim::Optimizer& optimizer = z.optimizer;
-  const auto& arenas = z.ddp.registry().arenas();
+  const auto& arenas = z.registry().arenas();
   const std::size_t buffers = optimizer.state_buffer_names().size();
   std::vector<std::vector<Tensor>> full(arenas.size(), std::vector<Tensor>(buffers));
   for (std::size_t a = 0; a < arenas.size(); ++a) {

@@ -78,6 +78,7 @@ TEST(MpiJoin, DataParallelUnevenInputs) {
 }
 TEST(MpiJoin, DistributedOptimizerJoin) { testing::uneven_distributed_optimizer(world(), 2, /*sparse_bias=*/true); }
 TEST(MpiJoin, ThrowOnEarlyTermination) { testing::join_throws_on_early_termination(world()); }
+TEST(MpiZero, DistributedOptimizerFrontEnd) { testing::horovod_zero_matches_unsharded(world()); }
 // ZeRO on processes (docs/zero.md): both stages against unsharded DataParallel.
 TEST(MpiZero, MatchesUnshardedDataParallel) {
   for (const int stage : {1, 2}) {

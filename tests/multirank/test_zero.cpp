@@ -246,6 +246,31 @@ TEST(ZeroCheckpoint, AFailedSaveIsAnErrorEverywhere) {
   });
 }
 
+TEST(Zero, DistributedOptimizerFrontEnd) {
+  for (const int world : {2, 3, 4}) comm::run_gloo_thread_group(world, testing::horovod_zero_matches_unsharded);
+}
+
+TEST(Zero, DistributedOptimizerErrors) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.op = dist::Op::adasum, .zero_stage = 1}),
+                          "zero_stage does not combine with op Adasum");
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.sparse_parameters = {model.parameters[0]},
+                                                                  .zero_stage = 2}),
+                          "zero_stage does not combine with sparse parameters ('embedding')");
+    // Explicit groups whose members are not neighbours in the arena: no bucket is an arena run.
+    EXPECT_GRADSYNC_ERROR(
+        dist::DistributedOptimizer(*sgd, comm, {.groups = std::vector<std::vector<Parameter*>>{{model.parameters[0],
+                                                                                               model.parameters[4]}},
+                                                .fusion_threshold_bytes = 64, .zero_stage = 1}),
+        "is not a view of the gradient arena");
+    EXPECT_FALSE(sgd->sharded()) << "a failed construction leaves the optimizer as it was";
+    dist::DistributedOptimizer optimizer(*sgd, comm, {.zero_stage = 1});
+    EXPECT_GRADSYNC_ERROR(optimizer.join(), "join is not supported with zero_stage");
+  });
+}
+
 TEST(Zero, Errors) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::ShardModel model(DType::f32);

@@ -31,6 +31,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/dist/reducer.h"
+#include "gradsync/dist/zero.h"
 #include "gradsync/optim/optimizer.h"
 
 namespace gradsync::dist {
@@ -56,6 +57,10 @@ struct DistributedOptimizerOptions {
   std::vector<Parameter*> sparse_parameters{};
   // Tensor fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, default 128 MiB).
   std::size_t fusion_threshold_bytes = std::size_t{128} << 20;
+  // ZeRO (dist/zero.h) over the fusion buckets: 1 shards the wrapped optimizer's state, 2 also
+  // reduce-scatters the buckets. Not with Adasum (a local step of every parameter), sparse
+  // parameters (unless sparse_as_dense: their rows are no bucket's), or join().
+  int zero_stage = 0;
 };
 
 class DistributedOptimizer {
@@ -122,6 +127,7 @@ class DistributedOptimizer {
 
   optim::Optimizer& optimizer() const;
   const Reducer* reducer() const;  // nullptr with one rank or Adasum
+  const ZeroOptimizer* zero() const;  // with zero_stage on more than one rank
   // The groups as formed (after the integer split or the list validation), by name.
   std::vector<std::vector<std::string>> group_names() const;
 

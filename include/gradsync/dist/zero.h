@@ -47,6 +47,10 @@ class ZeroOptimizer {
   // Shards `optimizer` (which must not have stepped yet) over the DataParallel's buckets.
   // Collective: every rank the same stage, the same buckets.
   ZeroOptimizer(optim::Optimizer& optimizer, DataParallel& ddp, ZeroOptions options = {});
+  // Over any Reducer's buckets (the DistributedOptimizer's, with DistributedOptimizerOptions::
+  // zero_stage); `comm` is the one the Reducer was made from. Stage 2 needs a Reducer that
+  // reduce-scatters (ReducerOptions::reduce_scatter). Collective.
+  ZeroOptimizer(optim::Optimizer& optimizer, const Reducer& reducer, comm::Communicator& comm, ZeroOptions options = {});
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
