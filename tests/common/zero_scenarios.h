@@ -141,14 +141,15 @@ inline std::vector<double> as_doubles(const std::vector<char>& bytes, DType dtyp
   return t.to_double_vector();
 }
 
-// ZeRO's weights equal unsharded DataParallel's: bitwise for stage 1 without clipping (the same
+// ZeRO's weights equal unsharded DataParallel's: bitwise for stage 1 without clipping or AUTO (AUTO
+// may time its trials differently in the two runs and pick another strategy; the same
 // allreduce, an element-wise update), within 1e-6 relative otherwise; every replica the same.
 inline void zero_matches_unsharded(comm::Communicator& comm, const ZeroCase& c) {
   SCOPED_TRACE(c.describe() + " on " + std::to_string(comm.size()) + " ranks");
   const std::vector<char> plain = train_sharded(comm, c, 0);
   const std::vector<char> sharded = train_sharded(comm, c, c.stage);
   ASSERT_EQ(plain.size(), sharded.size());
-  if (c.stage == 1 && c.clip == 0) {
+  if (c.stage == 1 && c.clip == 0 && c.strategy != dist::DDPSyncStrategy::auto_select) {
     EXPECT_EQ(std::memcmp(plain.data(), sharded.data(), plain.size()), 0) << "stage 1 differs from unsharded";
   } else {
     expect_near_vectors("weights", as_doubles(sharded, c.dtype), as_doubles(plain, c.dtype),
