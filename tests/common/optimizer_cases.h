@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -150,6 +151,67 @@ inline void expect_case_matches(const TrajectoryFile& data, const OptimizerCase&
     }
     if (data.has(c.name + ".step." + index)) {
       EXPECT_EQ(optimizer.step_count(parameter), data.read(c.name + ".step." + index).to_double_vector()[0]) << c.name;
+    }
+  }
+}
+
+// ZeRO's building block (Optimizer::shard): three optimizers over one registry, each owning
+// every third run of 7 elements of every arena, step the case together. Their union must be the
+// unsharded trajectory: the parameters, and the state gathered from the three, match torch.
+inline void run_sharded_case(const TrajectoryFile& data, const OptimizerCase& c, Device device, double tolerance) {
+  auto registry = make_case_registry(data, c, device);
+  constexpr int kShards = 3;
+  constexpr std::int64_t kRun = 7;
+  std::vector<std::unique_ptr<optim::Optimizer>> shards;
+  for (int k = 0; k < kShards; ++k) {
+    shards.push_back(make_case_optimizer(c, *registry));
+    std::vector<std::vector<optim::Optimizer::ElementRange>> ranges(registry->arenas().size());
+    for (std::size_t a = 0; a < ranges.size(); ++a) {
+      const std::int64_t size = registry->arenas()[a].values.numel();
+      for (std::int64_t begin = k * kRun; begin < size; begin += kShards * kRun) {
+        ranges[a].push_back({begin, std::min(size, begin + kRun)});
+      }
+    }
+    shards.back()->shard(ranges);
+  }
+  for (int step = 0; step < data.steps(); ++step) {
+    shards[0]->zero_grad();
+    for (std::size_t i = 0; i < registry->size(); ++i) {
+      const std::string key = c.name + ".grad." + std::to_string(step) + "." + std::to_string(i);
+      if (data.has(key)) (*registry)[i].set_grad(data.read(key));
+    }
+    for (auto& shard : shards) shard->step();
+  }
+  // Every shard's packed buffers, put back in the arena layout.
+  const std::size_t buffers = shards[0]->state_buffer_names().size();
+  std::vector<std::vector<Tensor>> full(registry->arenas().size(), std::vector<Tensor>(buffers));
+  for (std::size_t a = 0; a < full.size(); ++a) {
+    for (std::size_t b = 0; b < buffers; ++b) {
+      for (auto& shard : shards) {
+        const Tensor packed = shard->shard_state(a, b);
+        if (!packed.defined()) continue;
+        if (!full[a][b].defined()) full[a][b] = Tensor::zeros({registry->arenas()[a].values.numel()}, packed.dtype(), device);
+        std::int64_t at = 0;
+        for (const auto& range : shard->shard_ranges(a)) {
+          Tensor target = full[a][b].view(static_cast<std::size_t>(range.begin), {range.end - range.begin});
+          target.copy_from(packed.view(static_cast<std::size_t>(at), {range.end - range.begin}));
+          at += range.end - range.begin;
+        }
+      }
+    }
+  }
+  std::map<std::string, Tensor> state;
+  for (const io::NamedTensor& tensor : shards[0]->state_tensors_of(full)) state[tensor.name] = tensor.tensor;
+  for (std::size_t i = 0; i < registry->size(); ++i) {
+    const std::string index = std::to_string(i);
+    const Parameter& parameter = (*registry)[i];
+    expect_matches_torch(c.name + " sharded param " + index, parameter.value(), data.read(c.name + ".final." + index),
+                         tolerance);
+    for (const std::string& buffer : shards[0]->state_buffer_names()) {
+      const std::string key = c.name + ".state." + index + "." + buffer;
+      const auto ours = state.find("optimizer.state." + parameter.name() + "." + buffer);
+      ASSERT_EQ(ours != state.end(), data.has(key)) << key << ": state exists in one implementation only";
+      if (data.has(key)) expect_matches_torch(key + " (sharded)", ours->second, data.read(key), tolerance);
     }
   }
 }

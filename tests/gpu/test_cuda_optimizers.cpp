@@ -27,6 +27,16 @@ TEST(GpuOptimizers, TrajectoriesMatchTorchAndTheCpu) {
   }
 }
 
+// ZeRO's sharded step on the GPU: the kernels on shifted device pointers, three shards
+// together matching torch.
+TEST(GpuOptimizers, ShardedOptimizersTogetherMatchTorch) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason();
+  const testing::TrajectoryFile data;
+  for (const testing::OptimizerCase& c : data.cases()) {
+    testing::run_sharded_case(data, c, Device::cuda(0), testing::torch_tolerance(c.dtype));
+  }
+}
+
 }  // namespace
 }  // namespace gradsync
 

@@ -95,6 +95,12 @@ INSTANTIATE_TEST_SUITE_P(AllCases, CurrentTorchTrajectory, ::testing::Range<std:
                            return current_trajectories().cases().at(info.param).name;
                          });
 
+// Sharding (ZeRO's building block): three sharded optimizers together reproduce every torch
+// trajectory bit for bit, state included.
+TEST(Optimizers, ShardedOptimizersTogetherMatchTorchBitForBit) {
+  for (const OptimizerCase& c : trajectories().cases()) testing::run_sharded_case(trajectories(), c, Device::cpu(), 0.0);
+}
+
 TEST(Optimizers, FixtureHasTheExpectedCases) {
   EXPECT_EQ(current_trajectories().cases().size(), 78u) << "CurrentTorchTrajectory enumerates 78 cases";
   EXPECT_EQ(trajectories().cases().size(), 30u) << "INSTANTIATE_TEST_SUITE_P above enumerates 30 cases";
