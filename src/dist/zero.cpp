@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradsync/io/safetensors.h"
+#include "consistency.h"
 
 #include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
@@ -106,15 +107,15 @@ struct ZeroOptimizer::Impl {
     GRADSYNC_CHECK(sharded_gradients == (options.stage == 2), "ZeroOptimizer: stage ", options.stage, " needs a ",
                    "DataParallel ", options.stage == 2 ? "with" : "without", " shard_gradients (DataParallelOptions), ",
                    "which decides whether buckets are reduce-scattered (stage 2) or allreduced (stage 1)");
-    // Every rank the same stage (the buckets are already the same: DataParallel checked the model).
-    Tensor stages = Tensor::from_vector(std::vector<double>{static_cast<double>(options.stage)}, {1});
-    Tensor all = Tensor::zeros({comm.size()}, DType::f64);
-    comm.allgather_host(stages, all);
-    for (int r = 0; r < comm.size(); ++r) {
-      GRADSYNC_CHECK(all.to_double_vector()[static_cast<std::size_t>(r)] == options.stage, "ZeroOptimizer: this rank (",
-                     comm.rank(), ") runs stage ", options.stage, ", rank ", r, " stage ",
-                     all.to_double_vector()[static_cast<std::size_t>(r)]);
+    // Every rank the same stage and the same buckets (a rank with another bucket_cap_mb, say,
+    // would cut other pieces): an error on every rank naming the first difference.
+    std::vector<std::string> layout{"stage " + std::to_string(options.stage)};
+    for (std::size_t b = 0; b < reducer.bucket_count(); ++b) {
+      const BucketInfo& info = reducer.bucket(b);
+      layout.push_back("bucket " + std::to_string(b) + ": arena " + std::to_string(info.members[0]->arena_index()) +
+                       ", " + std::to_string(info.numel) + " elements from '" + info.members[0]->name() + "'");
     }
+    require_same_lines(comm, layout, "ZeroOptimizer", "shard layout");
 
     all_ranges.assign(static_cast<std::size_t>(comm.size()),
                       std::vector<std::vector<optim::Optimizer::ElementRange>>(registry().arenas().size()));

@@ -283,7 +283,14 @@ TEST(Zero, Errors) {
     {
       // A different stage on each rank: an error on every rank, naming both.
       dist::DataParallel ddp(model.registry, comm, {.shard_gradients = comm.rank() == 1});
-      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = comm.rank() + 1}), "runs stage");
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = comm.rank() + 1}), "shard layout", "stage 1",
+                            "stage 2");
+    }
+    {
+      // Other buckets on one rank: other pieces. An error on every rank, naming the bucket.
+      auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+      dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = comm.rank() == 0 ? 1e-6 : 25.0});
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*adam, ddp), "shard layout", "bucket 0");
     }
     dist::DataParallel ddp(model.registry, comm, {.shard_gradients = true});
     EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator& c, Tensor& flat, const dist::BucketInfo&) {
