@@ -86,10 +86,10 @@ BucketShard shard_bucket(std::int64_t numel, int world, int rank) {
   GRADSYNC_CHECK(world > 0 && rank >= 0 && rank < world && numel >= 0, "shard_bucket: rank ", rank, " of ", world,
                  ", ", numel, " elements");
   BucketShard shard;
-  shard.piece = (numel + world - 1) / world;
+  shard.piece = numel / world;
   for (int r = 0; r < world; ++r) {
-    const std::int64_t begin = std::min(numel, shard.piece * r);
-    const std::int64_t end = std::min(numel, shard.piece * (r + 1));
+    const std::int64_t begin = shard.piece * r;
+    const std::int64_t end = r + 1 == world ? numel : shard.piece * (r + 1);
     shard.counts.push_back(end - begin);
     if (r == rank) {
       shard.begin = begin;
@@ -133,8 +133,8 @@ struct Reducer::Impl {
     BucketInfo info;
     Tensor flat;        // arena view, or own buffer
     Tensor compressed;  // the wire buffer when compressing (created on first use)
-    Tensor padded;      // reduce_scatter: the wire buffer padded to world x piece, when it is not
     Tensor piece;       // reduce_scatter: this rank's reduced piece
+    comm::WorkHandle tail_work;  // reduce_scatter: the remainder's allreduce
     std::vector<bool> ready;
     std::size_t pending = 0;
     bool launched = false;
@@ -175,6 +175,13 @@ struct Reducer::Impl {
 
   void drain() noexcept {
     for (Bucket& bucket : buckets) {
+      if (bucket.tail_work) {
+        try {
+          bucket.tail_work->wait();
+        } catch (...) {
+        }
+        bucket.tail_work.reset();
+      }
       if (!bucket.work) continue;
       try {
         bucket.work->wait();
@@ -338,24 +345,22 @@ struct Reducer::Impl {
     ++stats.buckets_launched;
   }
 
-  // ZeRO stage 2: the wire buffer (padded to world x piece when needed) reduce-scattered into
-  // this rank's piece.
+  // ZeRO stage 2: the first world x piece elements of the wire buffer reduce-scattered into
+  // this rank's piece, the remainder (under `world` elements, the last rank's) allreduced in
+  // place. Returns the reduce-scatter's Work; the remainder's goes to bucket.tail_work.
   comm::WorkHandle launch_reduce_scatter(Bucket& bucket, Tensor& wire) {
     const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
-    const std::int64_t padded = shard.piece * comm.size();
-    Tensor* input = &wire;
-    if (padded != bucket.info.numel) {
-      if (!bucket.padded.defined() || bucket.padded.dtype() != wire.dtype()) {
-        bucket.padded = Tensor::zeros({padded}, wire.dtype(), bucket.info.device);  // the tail stays zero
-      }
-      Tensor head = bucket.padded.view(0, {bucket.info.numel});
-      ops::copy(wire, head);
-      input = &bucket.padded;
-    }
+    const std::int64_t even = shard.piece * comm.size();
+    if (even == 0) return comm.allreduce_async(wire, options.op);  // fewer elements than ranks: all the last rank's
     if (!bucket.piece.defined() || bucket.piece.dtype() != wire.dtype()) {
       bucket.piece = Tensor::empty({shard.piece}, wire.dtype(), bucket.info.device);
     }
-    return comm.reduce_scatter_async(*input, bucket.piece, options.op);
+    comm::WorkHandle work = comm.reduce_scatter_async(wire.view(0, {even}), bucket.piece, options.op);
+    if (even < bucket.info.numel) {
+      Tensor tail = wire.view(static_cast<std::size_t>(even), {bucket.info.numel - even});
+      bucket.tail_work = comm.allreduce_async(tail, options.op);
+    }
+    return work;
   }
 
   void complete(Bucket& bucket) {
@@ -363,13 +368,28 @@ struct Reducer::Impl {
     bucket.work->wait();
     stats.wait_blocked += std::chrono::steady_clock::now() - start;
     bucket.work.reset();
+    if (bucket.tail_work) {
+      bucket.tail_work->wait();
+      bucket.tail_work.reset();
+    }
     if (options.reduce_scatter) {
       // Only this rank's piece is reduced: back into the bucket (decompressed), then scaled.
+      // The last rank's remainder was reduced in place (in the wire buffer).
       const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
-      if (shard.count > 0) {
+      const std::int64_t even = shard.piece * comm.size();
+      if (shard.piece > 0) {
+        Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.piece});
+        ops::cast(bucket.piece, mine);  // a copy when not compressed
+      }
+      const Tensor* wire = bucket.compressed.defined() && bucket.compressed.dtype() != bucket.info.dtype
+                               ? &bucket.compressed : &bucket.flat;
+      if (comm.rank() + 1 == comm.size() && even < bucket.info.numel && wire != &bucket.flat) {
+        Tensor tail = bucket.flat.view(static_cast<std::size_t>(even), {bucket.info.numel - even});
+        ops::cast(wire->view(static_cast<std::size_t>(even), {bucket.info.numel - even}), tail);
+      }
+      if (shard.count > 0 && options.postscale != 1.0) {
         Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.count});
-        ops::cast(bucket.piece.view(0, {shard.count}), mine);  // a copy when not compressed
-        if (options.postscale != 1.0) scale_gradient(mine, options.postscale);
+        scale_gradient(mine, options.postscale);
       }
       for (Parameter* member : bucket.info.members) member->mark_grad_defined();
       return;
@@ -394,6 +414,7 @@ struct Reducer::Impl {
       bucket.pending = bucket.info.members.size();
       bucket.launched = false;
       bucket.work.reset();
+      bucket.tail_work.reset();
     }
     next_to_launch = 0;
     started = false;

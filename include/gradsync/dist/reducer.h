@@ -73,9 +73,11 @@ struct BucketInfo;
 // buffer order (padding excluded; see BucketInfo). Returns the Work to wait for.
 using ReduceHook = std::function<comm::WorkHandle(comm::Communicator&, Tensor& flat, const BucketInfo&)>;
 
-// A bucket's flat buffer split among the ranks (ZeRO): rank r owns [begin, begin + count),
-// piece = ceil(numel / world) elements each, the last pieces shorter or empty; `counts` are all
-// ranks' counts (an allgatherv's). Reduce-scattering works on the buffer padded to world x piece.
+// A bucket's flat buffer split among the ranks (ZeRO): piece = floor(numel / world) elements
+// each, rank r owning [r x piece, (r + 1) x piece), and the last rank also the remainder (fewer
+// than `world` elements) up to numel. `counts` are all ranks' counts (an allgatherv's). The
+// first world x piece elements are reduce-scattered as they are (no padding, no copy); the
+// remainder is allreduced in place, a message of under `world` elements.
 struct BucketShard {
   std::int64_t piece = 0;
   std::int64_t begin = 0;

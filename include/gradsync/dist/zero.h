@@ -13,7 +13,7 @@
 // Ownership (docs/zero.md): every bucket of the DataParallel's Reducer is a run of the
 // gradient arena; rank r owns the r-th of W equal pieces of it (dist::shard_bucket). The
 // wrapped optimizer keeps state (and f32 master weights) for its pieces only, so a rank holds
-// 1/W of the optimizer state plus at most W - 1 elements of padding per bucket, and steps only
+// 1/W of the optimizer state (the last rank also each bucket's remainder, under W elements), and steps only
 // them with the same fused kernel. Then the pieces of the updated parameters are allgathered,
 // bucket by bucket, on the ZeroOptimizer's own communicator.
 //  * stage 1: gradients are allreduced as without ZeRO (every rank holds the full reduced
