@@ -20,7 +20,7 @@ for program in "$@"; do
   grep -q -- "--no-such-flag" <<<"$out" || { echo "FAIL $(basename "$program"): the error does not name the flag: $out"; status=1; }
 done
 for script in "$source"/scripts/{gpu_check,launch,make_gpu_bundle,run,sanitize,setup,test}.sh \
-              "$source"/benchmarks/compare_{collectives,ddp}.sh; do
+              "$source"/benchmarks/compare_{collectives,ddp,zero}.sh; do
   check "$(basename "$script")" bash "$script"
 done
 ((status == 0)) && echo "every program and script answers --help"

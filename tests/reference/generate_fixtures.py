@@ -25,7 +25,6 @@ from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "fixtures")
-argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 
 def f32_from_bits(bits):
@@ -122,6 +121,8 @@ def reference_tensors():
 
 
 if __name__ == "__main__":
+    # Only as a program: check_interop.py imports reference_value from here.
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     os.makedirs(OUT, exist_ok=True)
     casts()
     reference_tensors()
