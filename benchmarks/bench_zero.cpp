@@ -11,6 +11,10 @@
 //                              stage 0's, with one allreduce of every gradient as the yardstick
 //   bench_zero --memory S      only stage S, then this process's peak RSS (getrusage): run it
 //                              once per stage (benchmarks/compare_zero.sh) to compare the peaks
+//   --forward-ms MS            each step begins with a forward sleeping MS in all (the CPU free,
+//                              as while a GPU computes), layer by layer; stages 1 and 2 then use
+//                              step_async and wait_for(layer) before each layer's forward, so the
+//                              parameter gathers travel behind the next forward
 //
 //   mpirun -np 4 build/benchmarks/bench_zero
 //   benchmarks/compare_zero.sh 4
@@ -20,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
@@ -39,7 +44,7 @@ struct Result {
   std::int64_t bucket_bytes = 0;  // the largest bucket
 };
 
-Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps) {
+Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps, double forward_ms) {
   ParameterRegistry registry;
   for (int layer = 0; layer < layers; ++layer) registry.add("layer" + std::to_string(layer), {elements});
   registry.finalize();
@@ -51,16 +56,27 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
   for (int s = 0; s <= steps; ++s) {
     comm.barrier();
     const auto start = Clock::now();
+    if (forward_ms > 0) {
+      for (std::size_t layer = 0; layer < registry.size(); ++layer) {
+        if (zero) zero->wait_for(registry[layer]);  // this layer's parameters have arrived
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms / static_cast<double>(layers)));
+      }
+    }
     ddp.begin_backward();
     for (std::size_t layer = registry.size(); layer-- > 0;) {
       ops::fill(registry[layer].grad_for_overwrite(), 1e-3 * static_cast<double>(layer + 1));
       registry.mark_ready(registry[layer]);
     }
     ddp.end_backward();
-    zero ? zero->step() : adam.step();
+    if (zero) {
+      forward_ms > 0 ? zero->step_async() : zero->step();  // with a forward next, the gathers go behind it
+    } else {
+      adam.step();
+    }
     adam.zero_grad();
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
+  if (zero) zero->wait_all();
   std::sort(times.begin(), times.end());
   Result result;
   result.step_seconds = times[times.size() / 2];
@@ -85,17 +101,18 @@ int main(int argc, char** argv) try {
                            "           [--memory STAGE]\n"
                            "  ZeRO stages 0, 1, 2: optimizer state per rank, step time (or, with --memory, one stage's\n"
                            "  peak RSS); run on several ranks (mpirun -np 4 ...)",
-                           {"--backend", "--layers", "--layer-elements", "--steps", "--memory"}, {});
+                           {"--backend", "--layers", "--layer-elements", "--steps", "--memory", "--forward-ms"}, {});
   auto comm = comm::connect(flags.text("--backend", "auto"));
   const int layers = static_cast<int>(flags.integer("--layers", 24));
   const std::int64_t elements = flags.integer("--layer-elements", 1 << 20);
   const int steps = static_cast<int>(flags.integer("--steps", 5));
   const int memory_stage = static_cast<int>(flags.integer("--memory", -1));
+  const double forward_ms = flags.number("--forward-ms", 0.0);
   const double total_mib = static_cast<double>(layers * elements) * 4 / (1 << 20);
   const int world = comm->size();
 
   if (memory_stage >= 0) {
-    const Result r = run_stage(*comm, layers, elements, memory_stage, 2);
+    const Result r = run_stage(*comm, layers, elements, memory_stage, 2, 0.0);
     Tensor rss = Tensor::from_vector(std::vector<double>{peak_rss_mib()}, {1});
     comm->allreduce_host(rss, comm::ReduceOp::max);
     if (comm->rank() == 0) {
@@ -121,12 +138,15 @@ int main(int argc, char** argv) try {
   all = Tensor();
 
   Result results[3];
-  for (int stage = 0; stage < 3; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps);
+  for (int stage = 0; stage < 3; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms);
   if (comm->rank() == 0) {
     std::printf("%s, %d ranks: %d layers x %lld f32 = %.1fM parameters (%.0f MiB), Adam; one allreduce of every "
-                "gradient %.1f ms\n",
+                "gradient %.1f ms%s\n",
                 comm->backend(), world, layers, static_cast<long long>(elements),
-                static_cast<double>(layers * elements) / 1e6, total_mib, allreduce * 1e3);
+                static_cast<double>(layers * elements) / 1e6, total_mib, allreduce * 1e3,
+                forward_ms > 0 ? ("; a " + std::to_string(static_cast<int>(forward_ms)) +
+                                  " ms forward per step, the gathers behind it").c_str()
+                               : "");
     std::printf("%-8s %16s %26s %10s %14s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
                 "vs stage 0");
     const double full_state = static_cast<double>(results[0].state_bytes) / (1 << 20);
