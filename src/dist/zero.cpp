@@ -1,4 +1,5 @@
-// ZeroOptimizer (gradsync/dist/zero.h): the optimizer sharded over DataParallel's buckets.
+// ZeroOptimizer (gradsync/dist/zero.h): the optimizer sharded over a Reducer's buckets
+// (DataParallel's, or the DistributedOptimizer's with zero_stage).
 #include "gradsync/dist/zero.h"
 
 #include <algorithm>
@@ -10,10 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gradsync/io/safetensors.h"
 #include "consistency.h"
-
 #include "gradsync/core/timeline.h"
+#include "gradsync/io/safetensors.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
 
