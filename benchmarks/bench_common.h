@@ -36,6 +36,13 @@ inline double best_seconds(int repetitions, Device device, const std::function<v
 
 inline double gigabytes_per_second(double bytes, double seconds) { return bytes / seconds / 1e9; }
 
+// The median of a run's timings (the middle one after sorting; the upper of the two middle
+// ones for an even count).
+inline double median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // Runs fn(begin, end) over [0, n) split across gradsync::num_threads() threads of its own: the
 // memory-bandwidth ceilings are measured with as many cores as the library's loops use.
 inline void on_all_cores(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {

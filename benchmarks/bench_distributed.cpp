@@ -65,8 +65,7 @@ double run_steps(const Settings& settings, ParameterRegistry& registry, const st
     zero();
   }
   times.erase(times.begin());
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return bench::median(times);
 }
 
 }  // namespace
@@ -120,8 +119,7 @@ int main(int argc, char** argv) try {
     comm->allreduce(all, comm::ReduceOp::sum);
     times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
-  std::sort(times.begin(), times.end());
-  const double allreduce = times[times.size() / 2];
+  const double allreduce = bench::median(times);
 
   // The slowest rank's figures.
   Tensor figures = Tensor::from_vector(std::vector<double>{compute_only, step, allreduce}, {3});

@@ -63,8 +63,7 @@ double timed(comm::Communicator& comm, int repeats, const std::function<void()>&
     comm.allreduce_host(seconds, comm::ReduceOp::max);
     times.push_back(seconds.to_double_vector()[0]);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return bench::median(times);
 }
 
 }  // namespace

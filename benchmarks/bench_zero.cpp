@@ -77,9 +77,8 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   if (zero) zero->wait_all();
-  std::sort(times.begin(), times.end());
   Result result;
-  result.step_seconds = times[times.size() / 2];
+  result.step_seconds = bench::median(times);
   result.state_bytes = adam.state_bytes();
   for (std::size_t b = 0; b < ddp.reducer().bucket_count(); ++b) {
     result.bucket_bytes = std::max<std::int64_t>(result.bucket_bytes, ddp.reducer().bucket(b).numel * 4);
@@ -133,8 +132,7 @@ int main(int argc, char** argv) try {
     comm->allreduce(all, comm::ReduceOp::sum);
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
-  std::sort(times.begin(), times.end());
-  const double allreduce = times[times.size() / 2];
+  const double allreduce = bench::median(times);
   all = Tensor();
 
   Result results[3];

@@ -311,26 +311,6 @@ ZeroOptimizer::State ZeroOptimizer::consolidated_state() {
   return {optimizer.state_tensors_of(full), optimizer.state_metadata()};
 }
 
-void ZeroOptimizer::save_consolidated(const std::filesystem::path& path) {
-  const State state = consolidated_state();
-  // Rank 0 writes; every rank learns whether it could, so a failed save is an error everywhere
-  // (and, the save being atomic, the previous file is intact).
-  std::string failure;
-  if (impl_->comm.rank() == 0) {
-    try {
-      io::save_safetensors(path, state.tensors, state.metadata);
-    } catch (const std::exception& error) {
-      failure = error.what();
-    }
-  }
-  Tensor failed = Tensor::from_vector(std::vector<double>{failure.empty() ? 0.0 : 1.0}, {1});
-  impl_->comm.allreduce_host(failed, comm::ReduceOp::max);
-  if (failed.to_double_vector()[0] != 0.0) {
-    detail::throw_error("ZeroOptimizer::save_consolidated: ",
-                        failure.empty() ? "rank 0 could not write " + path.string() + " (see its error)" : failure);
-  }
-}
-
 namespace {
 
 using json = nlohmann::json;
@@ -348,6 +328,25 @@ std::string shard_key(std::size_t arena, std::size_t buffer) {
 }
 
 }  // namespace
+
+void ZeroOptimizer::save_consolidated(const std::filesystem::path& path) {
+  const State state = consolidated_state();
+  // Rank 0 writes; every rank learns whether it could, so a failed save is an error everywhere
+  // (and, the save being atomic, the previous file is intact).
+  std::string failure;
+  if (impl_->comm.rank() == 0) {
+    try {
+      io::save_safetensors(path, state.tensors, state.metadata);
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+  if (any_rank(impl_->comm, !failure.empty())) {
+    detail::throw_error("ZeroOptimizer::save_consolidated: ",
+                        failure.empty() ? "rank 0 could not write " + path.string() + " (see its error)" : failure);
+  }
+}
+
 
 void ZeroOptimizer::save_sharded(const std::filesystem::path& folder) {
   Impl& z = *impl_;

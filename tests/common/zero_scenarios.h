@@ -51,6 +51,15 @@ struct ShardModel {
       parameters[k]->value().copy_from(Tensor::from_vector(init, parameters[k]->shape()).to(dtype));
     }
   }
+  // Every parameter's values, in registration order.
+  std::vector<double> all_values() const {
+    std::vector<double> all;
+    for (const Parameter* p : parameters) {
+      const std::vector<double> v = p->value().to_double_vector();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  }
   // A backward: gradients written last parameter first, `skip` left out.
   void backward(int rank, int step, int micro, const Parameter* skip) {
     for (std::size_t k = parameters.size(); k-- > 0;) {

@@ -122,21 +122,13 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   const auto weights = folder / "weights.safetensors";
   const auto state = folder / "optimizer.safetensors";
   std::vector<double> straight, resumed_sharded, resumed_plain;
-  const auto values = [](testing::ShardModel& model) {
-    std::vector<double> all;
-    for (Parameter* p : model.parameters) {
-      const std::vector<double> v = p->value().to_double_vector();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    return all;
-  };
   comm::run_gloo_thread_group(4, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
     auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
     train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, 6);
-    if (comm.rank() == 0) straight = values(model);
+    if (comm.rank() == 0) straight = model.all_values();
   });
   comm::run_gloo_thread_group(4, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
@@ -156,7 +148,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
     dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
     zero.load_state(state);
     train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 3, 3);
-    if (comm.rank() == 0) resumed_sharded = values(model);
+    if (comm.rank() == 0) resumed_sharded = model.all_values();
   });
   comm::run_gloo_thread_group(3, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
@@ -165,7 +157,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
     adam->load_state(state);  // the consolidated file is an ordinary optimizer checkpoint
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     train_global(comm, model, ddp, [&] { adam->step(); adam->zero_grad(); }, 3, 3);
-    if (comm.rank() == 0) resumed_plain = values(model);
+    if (comm.rank() == 0) resumed_plain = model.all_values();
   });
   testing::expect_near_vectors("4 ranks stage 2 -> 2 ranks stage 1", resumed_sharded, straight, 1e-5);
   testing::expect_near_vectors("4 ranks stage 2 -> 3 ranks unsharded", resumed_plain, straight, 1e-5);
@@ -179,14 +171,6 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
   const auto weights = folder / "weights.safetensors";
   const auto sets = folder / "sharded";
   std::vector<double> straight, same_world, resharded;
-  const auto values = [](testing::ShardModel& model) {
-    std::vector<double> all;
-    for (Parameter* p : model.parameters) {
-      const std::vector<double> v = p->value().to_double_vector();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    return all;
-  };
   const auto run = [&](int world, int stage, int first, int steps, const std::function<void(dist::ZeroOptimizer&, Communicator&)>& before,
                        const std::function<void(dist::ZeroOptimizer&, testing::ShardModel&, Communicator&)>& after) {
     comm::run_gloo_thread_group(world, [&](Communicator& comm) {
@@ -202,7 +186,7 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
   };
   const auto nothing = [](dist::ZeroOptimizer&, Communicator&) {};
   run(4, 2, 0, 6, nothing, [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
-    if (comm.rank() == 0) straight = values(model);
+    if (comm.rank() == 0) straight = model.all_values();
   });
   run(4, 2, 0, 3, nothing, [&](dist::ZeroOptimizer& zero, testing::ShardModel& model, Communicator& comm) {
     zero.save_sharded(sets);
@@ -220,7 +204,7 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
   EXPECT_EQ(set_folders, 1u) << "the failed save's pieces are removed, the first set kept";
   run(4, 2, 3, 3, [&](dist::ZeroOptimizer& zero, Communicator&) { zero.load_sharded(sets); },
       [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
-        if (comm.rank() == 0) same_world = values(model);
+        if (comm.rank() == 0) same_world = model.all_values();
       });
   run(2, 1, 3, 3,
       [&](dist::ZeroOptimizer& zero, Communicator&) {
@@ -228,7 +212,7 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
         zero.load_sharded(sets, /*reshard=*/true);
       },
       [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
-        if (comm.rank() == 0) resharded = values(model);
+        if (comm.rank() == 0) resharded = model.all_values();
       });
   testing::expect_near_vectors("resumed on 4 ranks", same_world, straight, 1e-6);
   testing::expect_near_vectors("resharded onto 2 ranks", resharded, straight, 1e-5);
