@@ -62,14 +62,17 @@ void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& al
 
 void require_device(const Communicator& comm, const char* op, const Tensor& tensor) {
   GRADSYNC_CHECK(tensor.defined(), op, ": empty tensor handle");
-  if (comm.device_type().is_cpu()) {
-    GRADSYNC_CHECK(tensor.device().is_cpu(), op, ": the ", comm.backend(), " communicator handles CPU tensors, got ",
-                   tensor.describe(), " (CUDA tensors go through the NCCL backend)");
-  } else {
-    GRADSYNC_CHECK(tensor.device() == comm.device_type(), op, ": the ", comm.backend(), " communicator of rank ",
-                   comm.rank(), " handles tensors on ", comm.device_type().str(), ", got ", tensor.describe(),
-                   tensor.device().is_cpu() ? " (CPU tensors go through the MPI or Gloo backend)" : "");
-  }
+  // A CPU communicator takes host tensors, and device tensors staged through pinned host
+  // memory (cpu_communicator.cpp); NCCL takes tensors on its own GPU only.
+  if (comm.device_type().is_cpu()) return;
+  GRADSYNC_CHECK(tensor.device() == comm.device_type(), op, ": the ", comm.backend(), " communicator of rank ",
+                 comm.rank(), " handles tensors on ", comm.device_type().str(), ", got ", tensor.describe(),
+                 tensor.device().is_cpu() ? " (CPU tensors go through the MPI or Gloo backend)" : "");
+}
+
+void require_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  GRADSYNC_CHECK(a.device() == b.device(), op, ": input and output must be on one device, got ", a.describe(), " and ",
+                 b.describe());
 }
 
 void require_rank(const Communicator& comm, const char* op, int value, const char* what) {
@@ -90,6 +93,7 @@ void require_reducible(const char* op, ReduceOp reduce, const Tensor& tensor) {
 void require_allgather(const Communicator& comm, const Tensor& input, const Tensor& output) {
   require_device(comm, "allgather", input);
   require_device(comm, "allgather", output);
+  require_same_device("allgather", input, output);
   GRADSYNC_CHECK(input.dtype() == output.dtype() && output.numel() == input.numel() * comm.size(), "allgather: output ",
                  output.describe(), " must hold ", comm.size(), " x ", input.describe());
 }
@@ -98,6 +102,7 @@ std::int64_t require_allgatherv(const Communicator& comm, const Tensor& input, c
                                 const std::vector<std::int64_t>& counts) {
   require_device(comm, "allgatherv", input);
   require_device(comm, "allgatherv", output);
+  require_same_device("allgatherv", input, output);
   const auto me = static_cast<std::size_t>(comm.rank());
   GRADSYNC_CHECK(static_cast<int>(counts.size()) == comm.size(), "allgatherv: ", counts.size(), " counts for ",
                  comm.size(), " ranks");
@@ -116,6 +121,7 @@ std::int64_t require_allgatherv(const Communicator& comm, const Tensor& input, c
 void require_reduce_scatter(const Communicator& comm, const Tensor& input, const Tensor& output, ReduceOp op) {
   require_device(comm, "reduce_scatter", input);
   require_device(comm, "reduce_scatter", output);
+  require_same_device("reduce_scatter", input, output);
   GRADSYNC_CHECK(input.dtype() == output.dtype() && input.numel() == output.numel() * comm.size(),
                  "reduce_scatter: input ", input.describe(), " must hold ", comm.size(), " x ", output.describe());
   require_reducible("reduce_scatter", op, input);
@@ -128,6 +134,7 @@ std::int64_t require_coalesced(const Communicator& comm, const std::vector<Tenso
     require_device(comm, "allreduce_coalesced", tensor);
     GRADSYNC_CHECK(tensor.dtype() == tensors[0].dtype(), "allreduce_coalesced: mixed dtypes ", tensors[0].describe(),
                    " and ", tensor.describe());
+    require_same_device("allreduce_coalesced", tensors[0], tensor);
     total += tensor.numel();
   }
   require_reducible("allreduce_coalesced", op, tensors[0]);

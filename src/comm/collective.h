@@ -40,6 +40,7 @@ void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& al
 
 // Argument checks; `comm` supplies rank, size, backend name and device type.
 void require_device(const Communicator& comm, const char* op, const Tensor& tensor);
+void require_same_device(const char* op, const Tensor& a, const Tensor& b);
 void require_rank(const Communicator& comm, const char* op, int value, const char* what);
 void require_peer(const Communicator& comm, const char* op, int peer);
 void require_reducible(const char* op, ReduceOp reduce, const Tensor& tensor);

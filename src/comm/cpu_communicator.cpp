@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -15,6 +16,7 @@
 
 #include "backend.h"
 #include "collective.h"
+#include "core/staging.h"
 #include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
 
@@ -53,6 +55,92 @@ constexpr std::chrono::milliseconds kWaitGrace{2000};
 
 class Engine;
 
+// Device tensors on a CPU backend (docs/communication.md, "Device tensors on Gloo and MPI"):
+// each one is staged through a pooled page-locked host buffer, as PyTorch's Gloo backend does.
+//  1. At submission, on the caller's thread: the copies to the host are queued on a side
+//     stream of the tensor's device, after the caller's current stream (so they see the
+//     gradient its kernels wrote), and a fence is recorded. They run while earlier operations
+//     are still on the wire.
+//  2. On the communication thread: wait for that fence (bounded by the timeout), run the host
+//     collective on the pinned buffers, queue the copies back on a second side stream (the
+//     next operation's copy to the host goes the other way at the same time) and fence them.
+//  3. Work::wait returns, and is_completed() says true, only once the copies back have landed.
+// Host tensors pass through untouched; the collective's body never knows the difference.
+class Staging {
+ public:
+  // The tensor the collective's body works on: `tensor` itself on the host, else a host view
+  // of a pinned buffer that is filled from it (copy_in) and copied back to it (copy_out).
+  Tensor add(const Tensor& tensor, bool copy_in, bool copy_out) {
+    if (tensor.device().is_cpu()) return tensor;
+    GRADSYNC_CHECK(entries_.empty() || tensor.device() == entries_.front().device.device(),
+                   "one collective's tensors must be on one device: ", entries_.front().device.describe(), " and ",
+                   tensor.describe());
+    Entry entry{tensor, Tensor(), detail::lease_pinned(tensor.nbytes()), copy_in, copy_out};
+    entry.host = Tensor::wrap(entry.buffer.data(), tensor.shape(), tensor.dtype());
+    entries_.push_back(std::move(entry));
+    return entries_.back().host;
+  }
+
+  bool active() const { return !entries_.empty(); }
+  Device device() const { return entries_.front().device.device(); }
+  std::string first_tensor() const { return entries_.front().device.describe(); }
+
+  // Step 1, on the caller's thread.
+  void start(detail::StagingStream& to_host, detail::StagingStream& to_device) {
+    to_device_ = &to_device;
+    to_host.order_after_current_stream();
+    for (const Entry& entry : entries_) {
+      if (entry.in) to_host.copy_async(entry.host.data(), entry.device.data(), entry.device.nbytes());
+    }
+    copied_in_ = to_host.record();
+  }
+
+  // Step 2, on the communication thread: before and after the wire.
+  void before_wire(Clock::time_point deadline, const std::string& what) const {
+    copied_in_->wait(deadline, what + ": the copy of its device tensors to the host");
+  }
+  void after_wire() {
+    for (const Entry& entry : entries_) {
+      if (entry.out) to_device_->copy_async(entry.device.data(), entry.host.data(), entry.device.nbytes());
+    }
+    copied_out_ = to_device_->record();
+  }
+
+  // Step 3.
+  bool copies_done() const { return copied_out_ == nullptr || copied_out_->done(); }
+  void wait_copies(Clock::time_point deadline, const std::string& what) const {
+    if (copied_out_ != nullptr) copied_out_->wait(deadline, what + ": the copy of its result back to the device");
+  }
+
+  // The pinned buffers go back to the pool only once no copy touches them (a Work dropped
+  // unwaited, or an operation that never ran).
+  ~Staging() {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    for (const auto& fence : {copied_in_, copied_out_}) {
+      try {
+        if (fence != nullptr) fence->wait(deadline, "staging");
+      } catch (const std::exception&) {
+        // The device failed; the buffers are leaked rather than reused while a copy may run.
+        for (Entry& entry : entries_) static_cast<void>(new detail::PooledBuffer(std::move(entry.buffer)));
+        return;
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    Tensor device;  // the caller's tensor
+    Tensor host;    // a view of `buffer`
+    detail::PooledBuffer buffer;
+    bool in;
+    bool out;
+  };
+  std::vector<Entry> entries_;
+  detail::StagingStream* to_device_ = nullptr;
+  std::shared_ptr<detail::CopyFence> copied_in_;
+  std::shared_ptr<detail::CopyFence> copied_out_;
+};
+
 // The Work of a CPU operation: completed by the communication thread, or cancelled.
 class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> {
  public:
@@ -64,11 +152,18 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
         issued_(Clock::now()), engine_(std::move(engine)) {}
 
   bool is_completed() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!done_) return false;
+      if (error_) return true;  // completed, with an error that wait() rethrows
+    }
+    return staging_ == nullptr || staging_->copies_done();
   }
 
   void wait(std::chrono::milliseconds timeout) override;
+
+  // Set before the Work is queued, for an operation on device tensors.
+  void set_staging(std::shared_ptr<Staging> staging) { staging_ = std::move(staging); }
 
   const std::string& description() const override {
     std::call_once(described_, [&] {
@@ -100,6 +195,7 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
   std::chrono::milliseconds default_timeout_;
   Clock::time_point issued_;
   std::weak_ptr<Engine> engine_;
+  std::shared_ptr<Staging> staging_;
   mutable std::mutex mutex_;
   std::condition_variable done_changed_;
   bool done_ = false;
@@ -150,24 +246,28 @@ class Engine final : public std::enable_shared_from_this<Engine> {
     return broken_;
   }
 
-  WorkHandle submit_collective(Descriptor descriptor, std::function<void()> body) {
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  WorkHandle submit_collective(Descriptor descriptor, std::function<void()> body, std::shared_ptr<Staging> staging) {
     std::optional<Task> inline_task;
     WorkHandle work;
     {
       std::lock_guard<std::mutex> lock(submit_mutex_);
       descriptor.seq = collective_sequence_++;
-      work = submit(std::string(), descriptor, std::move(body), inline_task);
+      work = submit(std::string(), descriptor, std::move(body), inline_task, std::move(staging));
     }
     if (inline_task) run_inline(*inline_task);
     return work;
   }
 
-  WorkHandle submit_p2p(const char* op, const Tensor& tensor, int peer, int tag, std::function<void()> body) {
+  WorkHandle submit_p2p(const char* op, const Tensor& tensor, int peer, int tag, std::function<void()> body,
+                        std::shared_ptr<Staging> staging) {
     std::optional<Task> inline_task;
     WorkHandle work;
     {
       std::lock_guard<std::mutex> lock(submit_mutex_);
-      work = submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), std::nullopt, std::move(body), inline_task);
+      work = submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), std::nullopt, std::move(body), inline_task,
+                    std::move(staging));
     }
     if (inline_task) run_inline(*inline_task);
     return work;
@@ -217,8 +317,9 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   // the calling thread: it then counts as running, so anything submitted meanwhile queues
   // behind it and the communication thread waits for it.
   WorkHandle submit(std::string description, std::optional<Descriptor> descriptor, std::function<void()> body,
-                    std::optional<Task>& inline_task) {
+                    std::optional<Task>& inline_task, std::shared_ptr<Staging> staging) {
     auto work = std::make_shared<CpuWork>(descriptor, std::move(description), timeout_ + kWaitGrace, weak_from_this());
+    work->set_staging(std::move(staging));
     const bool caller_waits = CallerWaits::take();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -345,6 +446,9 @@ void CpuWork::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (done_changed_.wait_until(lock, issued_ + limit, [&] { return done_; })) {
       if (error_) std::rethrow_exception(error_);
+      lock.unlock();
+      // The copies back are local work, with their own bound: the wire may have used most of `limit`.
+      if (staging_ != nullptr) staging_->wait_copies(Clock::now() + default_timeout_, description());
       return;
     }
   }
@@ -352,9 +456,12 @@ void CpuWork::wait(std::chrono::milliseconds timeout) {
   message << description() << " did not complete within " << limit.count()
           << " ms of being issued: a peer may have skipped it, be stuck, or have died";
   if (auto engine = engine_.lock()) engine->expire(shared_from_this(), message.str(), issued_);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (done_ && !error_) return;  // it finished after all, just before it could be cancelled
-  throw Error(message.str());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_ || error_) throw Error(message.str());
+  }
+  // It finished after all, just before it could be cancelled.
+  if (staging_ != nullptr) staging_->wait_copies(Clock::now() + default_timeout_, description());
 }
 
 class CpuCommunicator final : public Communicator {
@@ -376,103 +483,164 @@ class CpuCommunicator final : public Communicator {
     // The new backend is made on the communication thread, in sequence with everything else.
     auto child = std::make_shared<std::unique_ptr<Backend>>();
     Backend& backend = engine_->backend();
-    submit(Descriptor::of(OpKind::duplicate, DType::i64, 0), [&backend, child] { *child = backend.duplicate(); })->wait();
+    submit(Descriptor::of(OpKind::duplicate, DType::i64, 0), [&backend, child] { *child = backend.duplicate(); },
+           std::make_shared<Staging>())
+        ->wait();
     return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options());
   }
 
+  // Every collective below works on host tensors; `staging` swaps each device tensor for a
+  // pinned host view (Staging, above), so the same bodies serve CUDA tensors.
   WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) override {
     require_device(*this, "allreduce", tensor);
     require_reducible("allreduce", op, tensor);
-    Tensor target = tensor;
+    auto staging = std::make_shared<Staging>();
+    Tensor target = staging->add(tensor, true, true);
     return submit(Descriptor::of(OpKind::allreduce, tensor.dtype(), tensor.numel(), -1, static_cast<std::int64_t>(op)),
-                  [this, target, op]() mutable { reduce_in_place(target, op); });
+                  [this, target, op]() mutable { reduce_in_place(target, op); }, std::move(staging));
   }
 
   WorkHandle broadcast_async(Tensor& tensor, int root) override {
     require_device(*this, "broadcast", tensor);
     require_rank(*this, "broadcast", root, "root");
-    Tensor target = tensor;
+    auto staging = std::make_shared<Staging>();
+    // Only the root's values travel; the others' are overwritten.
+    Tensor target = staging->add(tensor, rank() == root, rank() != root);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::broadcast, tensor.dtype(), tensor.numel(), root),
-                  [&backend, target, root] { backend.broadcast(target.data(), target.numel(), target.dtype(), root); });
+                  [&backend, target, root] { backend.broadcast(target.data(), target.numel(), target.dtype(), root); },
+                  std::move(staging));
   }
 
   WorkHandle allgather_async(const Tensor& input, Tensor& output) override {
     require_allgather(*this, input, output);
-    Tensor in = input;
-    Tensor out = output;
+    auto staging = std::make_shared<Staging>();
+    Tensor in = staging->add(input, true, false);
+    Tensor out = staging->add(output, false, true);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::allgather, input.dtype(), input.numel()),
-                  [&backend, in, out] { backend.allgather(in.data(), out.data(), in.numel(), in.dtype()); });
+                  [&backend, in, out] { backend.allgather(in.data(), out.data(), in.numel(), in.dtype()); },
+                  std::move(staging));
   }
 
   WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override {
     const std::int64_t total = require_allgatherv(*this, input, output, counts);
-    Tensor in = input;
-    Tensor out = output;
+    auto staging = std::make_shared<Staging>();
+    Tensor in = staging->add(input, true, false);
+    Tensor out = staging->add(output, false, true);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::allgatherv, input.dtype(), total),
-                  [&backend, in, out, counts] { backend.allgatherv(in.data(), out.data(), counts, in.dtype()); });
+                  [&backend, in, out, counts] { backend.allgatherv(in.data(), out.data(), counts, in.dtype()); },
+                  std::move(staging));
   }
 
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
     require_reduce_scatter(*this, input, output, op);
-    Tensor in = input;
-    Tensor out = output;
+    auto staging = std::make_shared<Staging>();
+    Tensor in = staging->add(input, true, false);
+    Tensor out = staging->add(output, false, true);
     return submit(Descriptor::of(OpKind::reduce_scatter, input.dtype(), input.numel(), -1, static_cast<std::int64_t>(op)),
                   [this, in, out, op]() mutable {
                     engine_->backend().reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(), backend_op(op));
                     finish_average(out, op);
-                  });
+                  },
+                  std::move(staging));
   }
 
   WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) override {
     const std::int64_t total = require_coalesced(*this, tensors, op);
     const DType dtype = tensors[0].dtype();
+    auto staging = std::make_shared<Staging>();
+    std::vector<Tensor> targets;
+    for (const Tensor& tensor : tensors) targets.push_back(staging->add(tensor, true, true));
     return submit(Descriptor::of(OpKind::coalesced, dtype, total, -1, static_cast<std::int64_t>(op)),
-                  [this, tensors, total, dtype, op]() mutable {
+                  [this, targets, total, dtype, op]() mutable {
                     // One flat buffer: one collective instead of one per tensor.
                     Tensor flat = Tensor::empty({total}, dtype);
                     std::int64_t offset = 0;
-                    for (const Tensor& tensor : tensors) {
+                    for (const Tensor& tensor : targets) {
                       flat.view(static_cast<std::size_t>(offset), {tensor.numel()}).copy_from(tensor.flatten());
                       offset += tensor.numel();
                     }
                     reduce_in_place(flat, op);
                     offset = 0;
-                    for (Tensor& tensor : tensors) {
+                    for (Tensor& tensor : targets) {
                       tensor.flatten().copy_from(flat.view(static_cast<std::size_t>(offset), {tensor.numel()}));
                       offset += tensor.numel();
                     }
-                  });
+                  },
+                  std::move(staging));
   }
 
   WorkHandle barrier_async() override {
     Backend& backend = engine_->backend();
-    return submit(Descriptor::of(OpKind::barrier, DType::f32, 0), [&backend] { backend.barrier(); });
+    return submit(Descriptor::of(OpKind::barrier, DType::f32, 0), [&backend] { backend.barrier(); },
+                  std::make_shared<Staging>());
   }
 
   WorkHandle send_async(const Tensor& tensor, int peer, int tag) override {
     require_device(*this, "send", tensor);
     require_peer(*this, "send", peer);
-    Tensor source = tensor;
+    auto staging = std::make_shared<Staging>();
+    Tensor source = staging->add(tensor, true, false);
     Backend& backend = engine_->backend();
-    return engine_->submit_p2p("send", tensor, peer, tag,
-                               [&backend, source, peer, tag] { backend.send(source.data(), source.nbytes(), peer, tag); });
+    return submit_p2p("send", tensor, peer, tag,
+                      [&backend, source, peer, tag] { backend.send(source.data(), source.nbytes(), peer, tag); },
+                      std::move(staging));
   }
 
   WorkHandle recv_async(Tensor& tensor, int peer, int tag) override {
     require_device(*this, "recv", tensor);
     require_peer(*this, "recv", peer);
-    Tensor target = tensor;
+    auto staging = std::make_shared<Staging>();
+    Tensor target = staging->add(tensor, false, true);
     Backend& backend = engine_->backend();
-    return engine_->submit_p2p("recv", tensor, peer, tag,
-                               [&backend, target, peer, tag] { backend.recv(target.data(), target.nbytes(), peer, tag); });
+    return submit_p2p("recv", tensor, peer, tag,
+                      [&backend, target, peer, tag] { backend.recv(target.data(), target.nbytes(), peer, tag); },
+                      std::move(staging));
   }
 
  private:
-  WorkHandle submit(const Descriptor& descriptor, std::function<void()> body) {
-    return engine_->submit_collective(descriptor, std::move(body));
+  WorkHandle submit(const Descriptor& descriptor, std::function<void()> body, std::shared_ptr<Staging> staging) {
+    if (!staging->active()) return engine_->submit_collective(descriptor, std::move(body), nullptr);
+    return engine_->submit_collective(descriptor, staged(std::move(body), staging, op_kind_name(descriptor.kind)), staging);
+  }
+
+  WorkHandle submit_p2p(const char* op, const Tensor& tensor, int peer, int tag, std::function<void()> body,
+                        std::shared_ptr<Staging> staging) {
+    if (!staging->active()) return engine_->submit_p2p(op, tensor, peer, tag, std::move(body), nullptr);
+    return engine_->submit_p2p(op, tensor, peer, tag, staged(std::move(body), staging, op), staging);
+  }
+
+  // Starts the copies to the host now and wraps `body` in the wait for them and the copies back.
+  std::function<void()> staged(std::function<void()> body, const std::shared_ptr<Staging>& staging, std::string what) {
+    const int devices = cuda_device_count();
+    GRADSYNC_CHECK(staging->device().index < devices, what, " on the ", engine_->backend().name(), " communicator of rank ",
+                   rank(), ": ", staging->first_tensor(), " is not usable: ",
+                   devices == 0 ? cuda_unavailable_reason() : std::to_string(devices) + " CUDA device(s) visible");
+    StagingStreams& streams = streams_for(staging->device());
+    staging->start(*streams.to_host, *streams.to_device);
+    const auto timeout = engine_->timeout();
+    return [body = std::move(body), staging, timeout, what = std::move(what)] {
+      staging->before_wire(Clock::now() + timeout, what);
+      body();
+      staging->after_wire();
+    };
+  }
+
+  // Two side streams per device: copies to the host and copies back overlap each other.
+  struct StagingStreams {
+    std::unique_ptr<detail::StagingStream> to_host;
+    std::unique_ptr<detail::StagingStream> to_device;
+  };
+  StagingStreams& streams_for(Device device) {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    StagingStreams& streams = streams_[device.index];
+    if (streams.to_host == nullptr) {
+      streams.to_host = std::make_unique<detail::StagingStream>(device);
+      streams.to_device = std::make_unique<detail::StagingStream>(device);
+    }
+    return streams;
   }
 
   // avg never reaches a backend: it is a sum, then a division by the world size.
@@ -486,6 +654,10 @@ class CpuCommunicator final : public Communicator {
     finish_average(tensor, op);
   }
 
+  // Declared before engine_ so that they outlive it: the destructor stops the engine (its
+  // thread queues copies on them) before any member goes.
+  std::mutex streams_mutex_;
+  std::map<int, StagingStreams> streams_;
   std::shared_ptr<Engine> engine_;
 };
 

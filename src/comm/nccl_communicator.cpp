@@ -17,6 +17,9 @@
 
 #include "collective.h"
 #include "core/cuda_check.h"
+#include "core/staging.h"
+#include "gradsync/core/stream.h"
+#include "operation_ledger.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/nccl.h"
 #include "gradsync/core/device.h"
@@ -48,12 +51,30 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// A CUDA event, shared by a Work and the ledger's completion query of it.
+class Event {
+ public:
+  Event() { GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // Shared by the communicator and its Work handles: the NCCL communicator, its stream, and
-// the broken state. Polling and aborting happen here, whoever waits.
+// the ledger of operations in flight (operation_ledger.h), which owns the broken state and
+// aborts the communicator on the first failure, whoever sees it.
 class NcclState {
  public:
   NcclState(int rank, int size, int device, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+      : rank_(rank), size_(size), device_(device), timeout_(timeout), ledger_("nccl", [this] {
+          // Under the ledger's lock: no launch is using the handle.
+          if (comm_ != nullptr) ncclCommAbort(comm_);
+          comm_ = nullptr;
+        }) {}
 
   ~NcclState() {
     int previous = 0;
@@ -73,23 +94,26 @@ class NcclState {
         ncclCommAbort(comm_);
       }
     }
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (caller_ready_ != nullptr) cudaEventDestroy(caller_ready_);
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);  // scratch_ goes back to the pool: nothing may still use it
+      cudaStreamDestroy(stream_);
+    }
     cudaSetDevice(previous);
   }
 
   void check(ncclResult_t result, const std::string& what) {
     if (result == ncclSuccess) return;
     if (result == ncclInProgress) return settle(what);
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(ledger_.mutex());
     fail(what + " failed: " + ncclGetErrorString(result) + " (" + ncclGetLastError(comm_) + ")");
   }
 
-  // NCCL's asynchronous error state, read under the lock that fail() aborts under, so the
+  // NCCL's asynchronous error state, read under the lock that the abort runs under, so the
   // handle can never be used after another thread aborted and cleared it.
   ncclResult_t async_error(const std::string& what) {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    if (comm_ == nullptr) fail(what + ": the communicator was aborted by an earlier failure: " + broken_);
+    std::lock_guard<std::recursive_mutex> lock(ledger_.mutex());
+    if (comm_ == nullptr) fail(what + ": the communicator was aborted by an earlier failure: " + ledger_.broken_reason());
     ncclResult_t state = ncclSuccess;
     const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
     if (query != ncclSuccess) fail(what + ": ncclCommGetAsyncError failed: " + ncclGetErrorString(query));
@@ -110,90 +134,63 @@ class NcclState {
     }
   }
 
-  // Waits for `done` on the GPU. Polls the event and NCCL's asynchronous error state.
-  void wait_event(cudaEvent_t done, const std::string& what, std::chrono::milliseconds timeout) {
-    const auto limit = timeout.count() > 0 ? timeout : timeout_;
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t status = cudaEventQuery(done);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) {
+  // A newly queued operation, done when `event` (recorded after it) completes.
+  std::shared_ptr<OperationLedger::Operation> track(const std::string& what, std::shared_ptr<Event> event) {
+    return ledger_.track(what, [event] { return cudaEventQuery(event->get()) == cudaSuccess; });
+  }
+
+  // Waits for a tracked operation: polls its event and NCCL's asynchronous error state;
+  // aborts the communicator on timeout or error. Succeeds only for data actually reduced.
+  void wait(OperationLedger::Operation& operation, const Event& event, std::chrono::milliseconds timeout) {
+    const std::string& what = operation.description();
+    ledger_.wait(operation, timeout.count() > 0 ? timeout : timeout_, [&] {
+      const cudaError_t status = cudaEventQuery(event.get());
+      if (status != cudaSuccess && status != cudaErrorNotReady) {
         fail(what + ": CUDA reported " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
       }
       const ncclResult_t state = async_error(what);
       if (state != ncclSuccess && state != ncclInProgress) {
         fail(what + " failed asynchronously: " + ncclGetErrorString(state));
       }
-      const auto elapsed = std::chrono::steady_clock::now() - start;
-      if (elapsed > limit) {
-        fail(what + " did not complete within " + std::to_string(limit.count()) +
-             " ms: a peer may have skipped it, be stuck, or have died");
-      }
-      if (elapsed > std::chrono::seconds(1)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      } else {
-        std::this_thread::yield();
-      }
-    }
+    });
   }
 
-  // Marks the communicator broken, aborts it (so that GPU kernels waiting for peers end and
-  // no rank blocks forever), and throws.
-  [[noreturn]] void fail(const std::string& message) {
-    {
-      std::lock_guard<std::recursive_mutex> lock(mutex_);
-      if (broken_.empty()) {
-        broken_ = message;
-        if (comm_ != nullptr) ncclCommAbort(comm_);
-        comm_ = nullptr;
-      }
-    }
-    throw Error("nccl: " + message);
-  }
-
-  void require_usable(const std::string& what) {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    if (!broken_.empty()) {
-      detail::throw_error(what, ": the nccl communicator is broken by an earlier failure: ", broken_);
-    }
-  }
+  // Marks the communicator broken, settles the verdict of every operation in flight, aborts
+  // it (so that GPU kernels waiting for peers end and no rank blocks forever), and throws.
+  [[noreturn]] void fail(const std::string& message) { ledger_.fail(message); }
+  void require_usable(const std::string& what) { ledger_.require_usable(what); }
+  OperationLedger& ledger() { return ledger_; }
 
   int rank_;
   int size_;
   int device_;
   std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // used only under ledger_.mutex(); the abort clears it
   cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;  // barrier and agreement-check payloads
-  // Guards comm_ and broken_. Recursive: an enqueue holds it while a failing check aborts.
-  std::recursive_mutex mutex_;
-  std::string broken_;
+  cudaEvent_t caller_ready_ = nullptr;  // reused for every launch's ordering after the caller
+  detail::PooledBuffer scratch_;        // barrier and agreement-check payloads
+
+ private:
+  OperationLedger ledger_;
 };
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, std::string description)
-      : state_(std::move(state)), description_(std::move(description)) {
-    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  }
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  explicit NcclWork(std::shared_ptr<NcclState> state) : state_(std::move(state)), done_(std::make_shared<Event>()) {}
 
-  bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
-  void wait(std::chrono::milliseconds timeout) override {
-    if (!waited_) state_->wait_event(done_, description_, timeout);
-    // An event also completes on a communicator that another wait aborted meanwhile: the
-    // kernels ended without their data. That is a failure, not a result.
-    state_->require_usable(description_);
-    waited_ = true;
-  }
-  const std::string& description() const override { return description_; }
-  cudaEvent_t event() const { return done_; }
+  // Called once the event is recorded after the operation.
+  void track(const std::string& description) { operation_ = state_->track(description, done_); }
+  cudaEvent_t event() const { return done_->get(); }
+
+  // Completed: the data was reduced, or the operation was lost to an abort (wait() throws).
+  bool is_completed() const override { return state_->ledger().settled(*operation_); }
+  void wait(std::chrono::milliseconds timeout) override { state_->wait(*operation_, *done_, timeout); }
+  const std::string& description() const override { return operation_->description(); }
 
  private:
   std::shared_ptr<NcclState> state_;
-  std::string description_;
-  cudaEvent_t done_ = nullptr;
-  bool waited_ = false;
+  std::shared_ptr<Event> done_;
+  std::shared_ptr<OperationLedger::Operation> operation_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -223,16 +220,13 @@ class NcclCommunicator final : public Communicator {
     }
     state_->settle("ncclCommInitRankConfig (rank " + std::to_string(state_->rank_) + " of " +
                    std::to_string(state_->size_) + ")");
-    GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
-    GRADSYNC_CUDA_CHECK(cudaMalloc(&state_->scratch_, sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1)));
+    create_stream_and_buffers();
   }
 
   // A communicator over a handle ncclCommSplit made (duplicate()).
   NcclCommunicator(std::shared_ptr<NcclState> state, bool check_agreement)
       : state_(std::move(state)), check_agreement_(check_agreement) {
-    DeviceGuard device(state_->device_);
-    GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
-    GRADSYNC_CUDA_CHECK(cudaMalloc(&state_->scratch_, sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1)));
+    create_stream_and_buffers();
   }
 
   // ncclCommSplit with one color: the same ranks, its own NCCL communicator and stream.
@@ -241,7 +235,7 @@ class NcclCommunicator final : public Communicator {
     const std::string what = "ncclCommSplit (duplicate #" + std::to_string(duplicates_++) + ")";
     auto child = std::make_shared<NcclState>(state_->rank_, state_->size_, state_->device_, state_->timeout_);
     {
-      std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
+      std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
       state_->require_usable(what);
       DeviceGuard device(state_->device_);
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -252,10 +246,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(std::move(child), check_agreement_);
   }
 
-  std::string broken_reason() const override {
-    std::lock_guard<std::recursive_mutex> lock(state_->mutex_);
-    return state_->broken_;
-  }
+  std::string broken_reason() const override { return state_->ledger().broken_reason(); }
 
   int rank() const override { return state_->rank_; }
   int size() const override { return state_->size_; }
@@ -338,7 +329,7 @@ class NcclCommunicator final : public Communicator {
 
   WorkHandle barrier_async() override {
     return launch(Descriptor::of(OpKind::barrier, DType::f32, 0), [&](const std::string& what) {
-      state_->check(ncclAllReduce(state_->scratch_, state_->scratch_, 1, ncclInt32, ncclSum, state_->comm_, state_->stream_),
+      state_->check(ncclAllReduce(state_->scratch_.data(), state_->scratch_.data(), 1, ncclInt32, ncclSum, state_->comm_, state_->stream_),
                     what);
     });
   }
@@ -385,7 +376,7 @@ class NcclCommunicator final : public Communicator {
     descriptor.seq = collective_sequence_++;
     const std::string what = descriptor.str();
     // Held while NCCL reads the handle: a concurrent abort waits for the enqueue to finish.
-    std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
+    std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
     state_->require_usable(what);
     DeviceGuard device(state_->device_);
     order_after_caller();
@@ -399,7 +390,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle launch_p2p(Name&& name, Enqueue&& enqueue) {
     std::lock_guard<std::mutex> lock(launch_mutex_);
     const std::string what = name(p2p_sequence_++);
-    std::lock_guard<std::recursive_mutex> state_lock(state_->mutex_);
+    std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
     state_->require_usable(what);
     DeviceGuard device(state_->device_);
     order_after_caller();
@@ -407,25 +398,34 @@ class NcclCommunicator final : public Communicator {
     return finish(what);
   }
 
-  // The communication stream waits for everything the caller queued on the default stream
-  // (where gradsync's kernels write gradients) before this operation.
+  void create_stream_and_buffers() {
+    DeviceGuard device(state_->device_);
+    GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream_, cudaStreamNonBlocking));
+    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&state_->caller_ready_, cudaEventDisableTiming));
+    state_->scratch_ =
+        detail::lease_device(sizeof(Descriptor) * static_cast<std::size_t>(state_->size_ + 1), Device::cuda(state_->device_));
+  }
+
+  // The communication stream waits for everything the caller queued so far on its current
+  // stream (gradsync/core/stream.h: the engine's own, or the legacy default stream where
+  // gradsync's kernels write gradients by default) before this operation. One event, reused:
+  // a wait captures the event's state when it is queued.
   void order_after_caller() {
-    cudaEvent_t ready = nullptr;
-    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    GRADSYNC_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
-    GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(state_->stream_, ready, 0));
-    GRADSYNC_CUDA_CHECK(cudaEventDestroy(ready));  // destruction is deferred until the wait is satisfied
+    auto* caller = static_cast<cudaStream_t>(current_cuda_stream(Device::cuda(state_->device_)));
+    GRADSYNC_CUDA_CHECK(cudaEventRecord(state_->caller_ready_, caller != nullptr ? caller : cudaStreamLegacy));
+    GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(state_->stream_, state_->caller_ready_, 0));
   }
 
   WorkHandle finish(const std::string& what) {
-    auto work = std::make_shared<NcclWork>(state_, what);
+    auto work = std::make_shared<NcclWork>(state_);
     GRADSYNC_CUDA_CHECK(cudaEventRecord(work->event(), state_->stream_));
+    work->track(what);
     return work;
   }
 
   // Debug mode: an allgather of every rank's descriptor, read back on the host.
   void check_agreement(const Descriptor& mine, const std::string& what) {
-    auto* device_words = static_cast<Descriptor*>(state_->scratch_);
+    auto* device_words = static_cast<Descriptor*>(state_->scratch_.data());
     GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(device_words + size(), &mine, sizeof(Descriptor), cudaMemcpyHostToDevice,
                                         state_->stream_));
     state_->check(ncclAllGather(device_words + size(), device_words, kDescriptorWords, ncclInt64, state_->comm_,
@@ -434,16 +434,10 @@ class NcclCommunicator final : public Communicator {
     std::vector<Descriptor> all(static_cast<std::size_t>(size()));
     GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(all.data(), device_words, sizeof(Descriptor) * all.size(),
                                         cudaMemcpyDeviceToHost, state_->stream_));
-    cudaEvent_t copied = nullptr;
-    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-    GRADSYNC_CUDA_CHECK(cudaEventRecord(copied, state_->stream_));
-    try {
-      state_->wait_event(copied, what + " (agreement check)", std::chrono::milliseconds{0});
-    } catch (...) {
-      cudaEventDestroy(copied);
-      throw;
-    }
-    cudaEventDestroy(copied);
+    auto copied = std::make_shared<Event>();
+    GRADSYNC_CUDA_CHECK(cudaEventRecord(copied->get(), state_->stream_));
+    auto operation = state_->track(what + " (agreement check)", copied);
+    state_->wait(*operation, *copied, std::chrono::milliseconds{0});
     require_agreement(mine, all, rank());
   }
 

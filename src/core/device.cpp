@@ -9,6 +9,7 @@
 
 #include "gradsync/config.h"
 #include "gradsync/core/error.h"
+#include "gradsync/core/stream.h"
 #include "device_memory.h"
 
 #if GRADSYNC_WITH_CUDA
@@ -126,7 +127,8 @@ void device_memset_zero(void* data, std::size_t nbytes, Device device) {
     return;
   }
   CurrentDeviceGuard guard(device);
-  GRADSYNC_CUDA_CHECK(cudaMemset(data, 0, nbytes));
+  // On the caller's current stream (gradsync/core/stream.h), in order with its kernels.
+  GRADSYNC_CUDA_CHECK(cudaMemsetAsync(data, 0, nbytes, static_cast<cudaStream_t>(current_cuda_stream(device))));
 }
 
 void device_copy(void* destination, Device destination_device, const void* source, Device source_device,
@@ -137,8 +139,18 @@ void device_copy(void* destination, Device destination_device, const void* sourc
     return;
   }
   // Unified addressing lets cudaMemcpyDefault work out the direction from the pointers.
-  CurrentDeviceGuard guard(destination_device.is_cuda() ? destination_device : source_device);
-  GRADSYNC_CUDA_CHECK(cudaMemcpy(destination, source, nbytes, cudaMemcpyDefault));
+  const Device device = destination_device.is_cuda() ? destination_device : source_device;
+  CurrentDeviceGuard guard(device);
+  // A synchronous copy that sees everything queued on the caller's current stream: on the
+  // legacy default stream cudaMemcpy does that by itself; on an engine's own stream the copy
+  // is queued there and waited for.
+  auto* stream = static_cast<cudaStream_t>(current_cuda_stream(device));
+  if (stream == nullptr) {
+    GRADSYNC_CUDA_CHECK(cudaMemcpy(destination, source, nbytes, cudaMemcpyDefault));
+  } else {
+    GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(destination, source, nbytes, cudaMemcpyDefault, stream));
+    GRADSYNC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
 }
 
 }  // namespace detail

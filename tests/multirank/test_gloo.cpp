@@ -131,10 +131,16 @@ TEST(Gloo, DebugModeReportsTheFirstMismatchWithBothViews) {
 
 TEST(Gloo, ArgumentErrorsNameTheOperation) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
-    float host_memory[4] = {};
-    Tensor pretend_cuda = Tensor::wrap(host_memory, {4}, DType::f32, Device::cuda(0));  // never touched
-    EXPECT_GRADSYNC_ERROR(comm.allreduce(pretend_cuda, ReduceOp::sum), "allreduce", "handles CPU tensors",
-                          "on cuda:0", "NCCL");
+    // CUDA tensors are staged through host memory; on a machine without a usable device
+    // that is an error naming the operation and the device (before anything is queued).
+    if (cuda_device_count() == 0) {
+      float host_memory[4] = {};
+      Tensor pretend_cuda = Tensor::wrap(host_memory, {4}, DType::f32, Device::cuda(0));  // never touched
+      EXPECT_GRADSYNC_ERROR(comm.allreduce(pretend_cuda, ReduceOp::sum), "allreduce", "f32[4] on cuda:0",
+                            "is not usable");
+      Tensor host_out = Tensor::zeros({8}, DType::f32);
+      EXPECT_GRADSYNC_ERROR(comm.allgather(pretend_cuda, host_out), "allgather", "one device");
+    }
     Tensor ints = Tensor::zeros({4}, DType::i32);
     EXPECT_GRADSYNC_ERROR(comm.allreduce(ints, ReduceOp::avg), "avg", "i32[4]");
     Tensor in = Tensor::zeros({4}, DType::f32);

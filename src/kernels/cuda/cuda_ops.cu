@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../core/cuda_check.h"
+#include "../../core/staging.h"
 #include "device_scope.h"
 #include "../element.h"
 #include "../kernels.h"
@@ -124,7 +125,7 @@ void fill(Device device, void* x, DType dtype, std::int64_t n, double value) {
   if (n == 0) return;
   DeviceScope scope(device);
   visit_dtype(dtype, [&]<typename T>(T) {
-    fill_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<T*>(x), n, convert<T>(value));
+    fill_kernel<T><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<T*>(x), n, convert<T>(value));
   });
   check_launch("fill");
 }
@@ -133,7 +134,7 @@ void scale(Device device, void* x, DType dtype, std::int64_t n, double alpha) {
   if (n == 0) return;
   DeviceScope scope(device);
   visit_dtype(dtype, [&]<typename T>(T) {
-    scale_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<T*>(x), n, static_cast<compute_t<T>>(alpha));
+    scale_kernel<T><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<T*>(x), n, static_cast<compute_t<T>>(alpha));
   });
   check_launch("scale");
 }
@@ -142,7 +143,7 @@ void axpy(Device device, double alpha, const void* x, void* y, DType dtype, std:
   if (n == 0) return;
   DeviceScope scope(device);
   visit_dtype(dtype, [&]<typename T>(T) {
-    axpy_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<compute_t<T>>(alpha), static_cast<const T*>(x),
+    axpy_kernel<T><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<compute_t<T>>(alpha), static_cast<const T*>(x),
                                                 static_cast<T*>(y), n);
   });
   check_launch("axpy");
@@ -152,7 +153,7 @@ void add(Device device, const void* a, const void* b, void* out, DType dtype, st
   if (n == 0) return;
   DeviceScope scope(device);
   visit_dtype(dtype, [&]<typename T>(T) {
-    add_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+    add_kernel<T><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<const T*>(a), static_cast<const T*>(b),
                                                static_cast<T*>(out), n);
   });
   check_launch("add");
@@ -164,29 +165,51 @@ void cast(Device device, const void* source, DType source_dtype, void* destinati
   DeviceScope scope(device);
   visit_dtype(source_dtype, [&]<typename S>(S) {
     visit_dtype(destination_dtype, [&]<typename D>(D) {
-      cast_kernel<S, D><<<blocks_for(n), kThreads>>>(static_cast<const S*>(source), static_cast<D*>(destination), n);
+      cast_kernel<S, D><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<const S*>(source), static_cast<D*>(destination), n);
     });
   });
   check_launch("cast");
 }
 
+// The partial sums of a reduction: written by the kernel into pooled device memory, copied
+// into pooled page-locked memory on the caller's stream, read once that stream is done.
+// (Pooled: a cudaMalloc/cudaFree pair per call would cost more than the reduction, and
+// cudaFree synchronises the whole device.)
+template <typename Partial>
+class Partials {
+ public:
+  Partials(Device device, int blocks)
+      : count_(static_cast<std::size_t>(blocks)),
+        device_(detail::lease_device(sizeof(Partial) * count_, device)),
+        host_(detail::lease_pinned(sizeof(Partial) * count_)) {}
+  Partial* device() const { return static_cast<Partial*>(device_.data()); }
+  // After the kernel: checks its launch, copies back, waits for the stream.
+  const Partial* read(cudaStream_t stream) {
+    GRADSYNC_CUDA_CHECK(cudaGetLastError());
+    GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(host_.data(), device_.data(), sizeof(Partial) * count_, cudaMemcpyDeviceToHost, stream));
+    GRADSYNC_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return static_cast<const Partial*>(host_.data());
+  }
+  std::size_t size() const { return count_; }
+
+ private:
+  std::size_t count_;
+  detail::PooledBuffer device_;
+  detail::PooledBuffer host_;
+};
+
 double dot(Device device, const void* a, const void* b, DType dtype, std::int64_t n) {
   if (n == 0) return 0.0;
   DeviceScope scope(device);
   const int blocks = blocks_for(n, kMaxReductionBlocks);
-  double* partial_sums = nullptr;
-  GRADSYNC_CUDA_CHECK(cudaMalloc(&partial_sums, sizeof(double) * blocks));
+  Partials<double> partials(device, blocks);
   visit_dtype(dtype, [&]<typename T>(T) {
-    dot_kernel<T><<<blocks, kThreads>>>(static_cast<const T*>(a), static_cast<const T*>(b), n, partial_sums);
+    dot_kernel<T><<<blocks, kThreads, 0, scope.stream()>>>(static_cast<const T*>(a), static_cast<const T*>(b), n,
+                                                           partials.device());
   });
-  std::vector<double> host_sums(blocks);
-  const cudaError_t launch = cudaGetLastError();
-  const cudaError_t copy = cudaMemcpy(host_sums.data(), partial_sums, sizeof(double) * blocks, cudaMemcpyDeviceToHost);
-  cudaFree(partial_sums);
-  GRADSYNC_CUDA_CHECK(launch);
-  GRADSYNC_CUDA_CHECK(copy);
+  const double* host_sums = partials.read(scope.stream());
   double sum = 0.0;
-  for (const double partial : host_sums) sum += partial;
+  for (std::size_t i = 0; i < partials.size(); ++i) sum += host_sums[i];
   return sum;
 }
 
@@ -197,20 +220,15 @@ ops::NormStatistics norm_statistics(Device device, const void* x, DType dtype, s
   if (n == 0) return result;
   DeviceScope scope(device);
   const int blocks = blocks_for(n, kMaxReductionBlocks);
-  NormPartial* partials = nullptr;
-  GRADSYNC_CUDA_CHECK(cudaMalloc(&partials, sizeof(NormPartial) * blocks));
+  Partials<NormPartial> partials(device, blocks);
   visit_dtype(dtype, [&]<typename T>(T) {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
-      norm_statistics_kernel<T><<<blocks, kThreads>>>(static_cast<const T*>(x), n, static_cast<compute_t<T>>(factor),
-                                                       partials);
+      norm_statistics_kernel<T><<<blocks, kThreads, 0, scope.stream()>>>(static_cast<const T*>(x), n,
+                                                                         static_cast<compute_t<T>>(factor), partials.device());
     }
   });
-  std::vector<NormPartial> host(blocks);
-  const cudaError_t launch = cudaGetLastError();
-  const cudaError_t copy = cudaMemcpy(host.data(), partials, sizeof(NormPartial) * blocks, cudaMemcpyDeviceToHost);
-  cudaFree(partials);
-  GRADSYNC_CUDA_CHECK(launch);
-  GRADSYNC_CUDA_CHECK(copy);
+  const NormPartial* first = partials.read(scope.stream());
+  const std::vector<NormPartial> host(first, first + partials.size());
   for (const NormPartial& partial : host) {
     result.sum_of_squares += partial.sum;
     result.max_abs = std::max(result.max_abs, partial.max_abs);

@@ -93,7 +93,7 @@ void sgd_update(Device device, const UpdateBuffers& b, void* momentum, std::span
   visit_update_types(b, "SGD", [&]<typename T, typename G, typename M>(T, G, M*) {
     launch_batches<T>(segments, [](const SgdSegment& s) { return sgd_scalars<T>(s); },
                       [&](const SegmentBatch<SgdScalars<T>>& batch, dim3 grid) {
-                        sgd_kernel<T, G, M><<<grid, kThreads>>>(batch, static_cast<T*>(b.params),
+                        sgd_kernel<T, G, M><<<grid, kThreads, 0, scope.stream()>>>(batch, static_cast<T*>(b.params),
                                                                 static_cast<const G*>(b.grads),
                                                                 static_cast<T*>(momentum), static_cast<M*>(b.model));
                       });
@@ -106,7 +106,7 @@ void adam_update(Device device, const UpdateBuffers& b, void* exp_avg, void* exp
   visit_update_types(b, "Adam", [&]<typename T, typename G, typename M>(T, G, M*) {
     launch_batches<T>(segments, [](const AdamSegment& s) { return adam_scalars<T>(s); },
                       [&](const SegmentBatch<AdamScalars<T>>& batch, dim3 grid) {
-                        adam_kernel<T, G, M><<<grid, kThreads>>>(
+                        adam_kernel<T, G, M><<<grid, kThreads, 0, scope.stream()>>>(
                             batch, static_cast<T*>(b.params), static_cast<const G*>(b.grads), static_cast<T*>(exp_avg),
                             static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq), static_cast<M*>(b.model));
                       });

@@ -1,0 +1,36 @@
+// gradsync/core/stream.h - the CUDA stream an engine computes on.
+//
+// An engine that runs its forward and backward on its own CUDA stream says so with a
+// CudaStreamScope, as PyTorch code does with `with torch.cuda.stream(s):`. Inside the scope,
+// on that thread and device:
+//  * gradsync's kernels (ops, optimizers, nn layers) are queued on that stream;
+//  * tensor copies wait for it (so a copy sees what the engine's kernels wrote);
+//  * every communicator orders an operation after the work queued on it so far (NCCL's own
+//    stream, and the staging copies of Gloo and MPI, wait for an event recorded there), so a
+//    gradient written by the engine's kernel is complete before it goes on the wire.
+// Outside any scope the current stream is CUDA's legacy default stream (nullptr), which
+// synchronises with every blocking stream: correct for engines that use no streams of their own.
+#pragma once
+
+#include "gradsync/core/device.h"
+
+namespace gradsync {
+
+class CudaStreamScope {
+ public:
+  // `stream` is a cudaStream_t (void* here, so that this header needs no CUDA); nullptr is
+  // the legacy default stream. Scopes nest; the destructor restores the previous stream.
+  CudaStreamScope(Device device, void* stream);
+  ~CudaStreamScope();
+  CudaStreamScope(const CudaStreamScope&) = delete;
+  CudaStreamScope& operator=(const CudaStreamScope&) = delete;
+
+ private:
+  Device device_;
+  void* previous_;
+};
+
+// The calling thread's current stream on `device` (nullptr: the legacy default stream).
+void* current_cuda_stream(Device device);
+
+}  // namespace gradsync
