@@ -7,8 +7,13 @@
 // (written by benchmarks/torch_collectives.py: torch.distributed on gloo, same ranks and
 // sizes) two more columns compare with PyTorch.
 //
+// With --device cuda on mpi or gloo: device tensors staged through pinned host memory, each
+// allreduce against its ceiling measured in the same run: the host allreduce of the same
+// bytes plus one device-to-host and one host-to-device copy through pinned memory.
+//
 //   mpirun -np 2 build/benchmarks/bench_collectives --backend mpi
 //   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo
+//   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo --device cuda
 //   benchmarks/compare_collectives.sh 2        (all of it, with the torch columns)
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -28,6 +33,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "core/staging.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/mpi.h"
 #include "gradsync/config.h"
@@ -239,19 +245,69 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
   }
 }
 
+// Device tensors on a CPU backend: the staged allreduce against the host allreduce of the same
+// bytes plus one round trip of copies through pinned memory (the least staging can cost
+// without overlap; with several operations in flight the copies of one overlap the wire of
+// another, which is what a Reducer's buckets get).
+void staged_sweep(comm::Communicator& comm, std::int64_t max_bytes, Device device) {
+  if (comm.rank() == 0) {
+    std::printf("\n%s, %d ranks, f32 sum, tensors on %s staged through pinned host memory\n", comm.backend(), comm.size(),
+                device.str().c_str());
+    std::printf("%12s %11s %11s %11s %12s %9s %13s\n", "bytes", "staged us", "host us", "copies us", "ceiling us",
+                "ratio", "8 in flight us");
+  }
+  for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const std::int64_t count = bytes / 4;
+    const int iterations = static_cast<int>(std::clamp<std::int64_t>((32 << 20) / bytes, 3, 100));
+    Tensor on_device = Tensor::zeros({count}, DType::f32, device);
+    Tensor on_host = Tensor::zeros({count}, DType::f32);
+    detail::PooledBuffer pinned = detail::lease_pinned(static_cast<std::size_t>(bytes));
+    Tensor pinned_view = Tensor::wrap(pinned.data(), {count}, DType::f32);
+    const double staged = time_calls(comm, iterations, [&] { comm.allreduce(on_device, comm::ReduceOp::sum); });
+    const double host = time_calls(comm, iterations, [&] { comm.allreduce(on_host, comm::ReduceOp::sum); });
+    const double copies = time_calls(comm, iterations, [&] {
+      pinned_view.copy_from(on_device);
+      on_device.copy_from(pinned_view);
+    });
+    // Eight buckets in flight at once, per bucket: where the copies hide behind the wire.
+    std::vector<Tensor> buckets;
+    for (int k = 0; k < 8; ++k) buckets.push_back(Tensor::zeros({count}, DType::f32, device));
+    const double pipelined = time_calls(comm, std::max(1, iterations / 8), [&] {
+                               std::vector<comm::WorkHandle> works;
+                               for (Tensor& bucket : buckets) works.push_back(comm.allreduce_async(bucket, comm::ReduceOp::sum));
+                               for (auto& work : works) work->wait();
+                             }) / 8;
+    if (comm.rank() == 0) {
+      std::printf("%12lld %11.1f %11.1f %11.1f %12.1f %8.3fx %13.1f\n", static_cast<long long>(bytes), staged * 1e6,
+                  host * 1e6, copies * 1e6, (host + copies) * 1e6, staged / (host + copies), pipelined * 1e6);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_collectives [--backend mpi|gloo|nccl (mpi)] [--max-bytes N (64 MiB)] [--torch FILE]\n"
+                           "  [--device cuda (mpi, gloo: device tensors staged through pinned memory, against\n"
+                           "  the host allreduce plus one copy each way)]\n"
                            "  allreduce, allgather and broadcast from 4 B to N bytes, ours against the raw library call\n"
                            "  (and torch.distributed with --torch FILE from benchmarks/torch_collectives.py); run on\n"
                            "  several ranks: mpirun -np 2 ..., or scripts/launch.sh 2 ... --backend gloo",
-                           {"--backend", "--max-bytes", "--torch"});
+                           {"--backend", "--max-bytes", "--torch", "--device"});
   const std::string backend = flags.text("--backend", "mpi");
   const std::string torch_path = flags.text("--torch", "");
   const std::int64_t max_bytes = flags.integer("--max-bytes", 64 << 20);
   const TorchTable torch = read_torch_table(torch_path);
+  const Device device = Device::parse(flags.text("--device", "cpu"));
+  if (device.is_cuda()) {
+    if (backend != "mpi" && backend != "gloo") throw Error("--device cuda is for the staged mpi and gloo backends");
+    auto comm = comm::connect(backend);
+    const int devices = cuda_device_count();
+    if (devices == 0) throw Error("--device cuda: " + cuda_unavailable_reason());
+    staged_sweep(*comm, max_bytes, Device::cuda(comm::local_rank_from_environment(comm->rank()) % devices));
+    return 0;
+  }
   if (backend == "mpi") {
     auto comm = comm::connect("mpi");
     sweep(*comm, max_bytes, raw_mpi(), torch);

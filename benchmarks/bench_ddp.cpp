@@ -68,13 +68,14 @@ std::map<std::pair<std::string, int>, double> read_torch(const std::string& path
 
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
-                           "bench_ddp [--backend auto|mpi|gloo] [--microbatches 1,4] [--strategies single,multi,forced]\n"
+                           "bench_ddp [--backend auto|mpi|gloo|nccl] [--device cpu|cuda] [--microbatches 1,4]\n"
+                           "          [--strategies single,multi,forced]\n"
                            "          [--layers 24] [--width 1024] [--batch 8 (samples per microbatch)] [--steps 5]\n"
                            "          [--torch FILE (from benchmarks/torch_ddp.py)] [--timeline-cost PATH]\n"
                            "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
                            "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
                            {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
-                            "--backend", "--timeline-cost"});
+                            "--backend", "--timeline-cost", "--device"});
   const std::string microbatch_list = flags.text("--microbatches", "1,4");
   const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
   const std::string torch_path = flags.text("--torch", "");
@@ -85,20 +86,27 @@ int main(int argc, char** argv) try {
   const int steps = static_cast<int>(flags.integer("--steps", 5));
   // The timeline's cost: the SINGLE step with it off, then recording into PATH (.rank<R>).
   const std::string timeline_path = flags.text("--timeline-cost", "");
-  auto comm = comm::connect(backend);
+  const Device requested = Device::parse(flags.text("--device", "cpu"));
+  auto comm = comm::connect(backend, requested);
+  // NCCL: the rank's own GPU; a CPU backend with --device cuda: the GPU of the local rank,
+  // its tensors staged through pinned host memory.
+  const Device device = comm->device_type().is_cuda() ? comm->device_type()
+                        : requested.is_cuda()
+                            ? Device::cuda(comm::local_rank_from_environment(comm->rank()) % std::max(1, cuda_device_count()))
+                            : Device::cpu();
   const auto torch = read_torch(torch_path);
 
   ParameterRegistry registry;
   auto model = std::make_shared<nn::Sequential>(registry);
   for (int l = 0; l < layers; ++l) {
-    model->add<nn::Linear>("layer" + std::to_string(l), width, width);
+    model->add<nn::Linear>("layer" + std::to_string(l), width, width, DType::f32, device);
     model->add<nn::ReLU>();
   }
   model->initialize(1);
   optim::SGD sgd(registry, optim::SGD::Options{.lr = 1e-4, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0,
                                               .nesterov = false, .maximize = false});
-  Tensor x = Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(batch * width), 0.5f), {batch, width});
-  Tensor target = Tensor::zeros({batch, width}, DType::f32);
+  Tensor x = Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(batch * width), 0.5f), {batch, width}).to(device);
+  Tensor target = Tensor::zeros({batch, width}, DType::f32, device);
   const double gradient_bytes = static_cast<double>(registry.total_numel()) * 4;
 
   // One step of `microbatches` forward/backward passes through `module`, then SGD.
@@ -112,6 +120,7 @@ int main(int argc, char** argv) try {
     }
     sgd.step();
     sgd.zero_grad();
+    synchronize(device);  // a GPU step ends when its kernels do
   };
   const auto median_step = [&](const std::function<void()>& step) {
     std::vector<double> times;
@@ -130,7 +139,10 @@ int main(int argc, char** argv) try {
 
   // One allreduce of all the gradient bytes.
   Tensor all = registry.arenas()[0].grads;
-  const double allreduce = median_step([&] { comm->allreduce(all, comm::ReduceOp::sum); });
+  const double allreduce = median_step([&] {
+    comm->allreduce(all, comm::ReduceOp::sum);
+    synchronize(device);
+  });
 
   // The local steps first: once DataParallel listens to the registry, every backward is its.
   std::map<int, double> local_seconds;
@@ -140,9 +152,9 @@ int main(int argc, char** argv) try {
   const double rss_before_ddp = peak_rss_bytes();
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, *comm);
   if (comm->rank() == 0) {
-    std::printf("%s, %d ranks: %d x Linear(%d, %d) + ReLU, %.1fM parameters (%.0f MiB of gradients), %d samples per "
+    std::printf("%s, %d ranks, parameters on %s: %d x Linear(%d, %d) + ReLU, %.1fM parameters (%.0f MiB of gradients), %d samples per "
                 "microbatch, %zu buckets; one allreduce of all of it: %.1f ms\n",
-                comm->backend(), comm->size(), layers, width, width, static_cast<double>(registry.total_numel()) / 1e6,
+                comm->backend(), comm->size(), device.str().c_str(), layers, width, width, static_cast<double>(registry.total_numel()) / 1e6,
                 gradient_bytes / (1 << 20), batch, ddp->data_parallel().reducer().bucket_count(), allreduce * 1e3);
     std::printf("%-8s %4s %10s %10s %10s %8s %12s", "strategy", "mb", "step ms", "local ms", "sync cost", "hidden",
                 "MiB/step");

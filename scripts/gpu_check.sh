@@ -28,6 +28,14 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
 echo "bundle: $(cat $bundle/COMMIT 2>/dev/null) built for $(cat $bundle/ARCH)"
 
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpus=${gpus:-0}
+echo "gpus: $gpus"
+have_mpirun=0
+command -v mpirun >/dev/null 2>&1 && have_mpirun=1
+mpi_run=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+digits=(--data examples/data/digits.safetensors --epochs 3 --quiet --check-replicas)
+
 declare -a summary
 run() {  # run NAME COMMAND...: prints the output, records pass/fail and seconds
   local name=$1
@@ -36,22 +44,83 @@ run() {  # run NAME COMMAND...: prints the output, records pass/fail and seconds
   echo "== $name"
   timeout 240 "$@" 2>&1 | tee "$out/$name.log"
   local status=${PIPESTATUS[0]}
-  summary+=("$(printf '%-22s %-6s %4ss' "$name" "$([[ $status == 0 ]] && echo PASS || echo "FAIL($status)")" $((SECONDS - start)))")
+  local verdict
+  verdict=$([[ $status == 0 ]] && echo PASS || echo "FAIL($status)")
+  # A gtest binary whose every test skipped passed nothing: say so.
+  if [[ $status == 0 ]] && grep -q 'SKIPPED \]' "$out/$name.log" && ! grep -q 'PASSED  \] [1-9]' "$out/$name.log"; then
+    verdict=SKIP
+  fi
+  summary+=("$(printf '%-26s %-8s %4ss' "$name" "$verdict" $((SECONDS - start)))")
+}
+skip() {  # skip NAME REASON
+  echo "== $1: skipped: $2"
+  summary+=("$(printf '%-26s %-8s %s' "$1" SKIP "$2")")
 }
 
+# 1. Tests: the gpu suite (kernels, optimizers, NCCL with a world of one running every device
+#    scenario, the engine's own stream, Gloo staging), the unit suites, then the device suite on
+#    Gloo with 1-4 ranks sharing the GPU, MPI likewise, and NCCL with one rank per GPU.
 run gpu_tests "$bundle/bin/test_gpu" --gtest_brief=1
-for suite in tensor casts ops registry safetensors optimizers nn; do
+for suite in staging tensor casts ops registry safetensors optimizers nn; do
   run "unit_$suite" "$bundle/bin/test_$suite" --gtest_brief=1
 done
+run devices_gloo_1-4_ranks "$bundle/bin/test_devices" --gtest_brief=1
+if ((have_mpirun)); then
+  for ranks in 2 4; do
+    run "devices_mpi_np$ranks" "${mpi_run[@]}" -np "$ranks" "$bundle/bin/test_mpi" --gtest_brief=1 \
+      --gtest_filter='Mpi.EveryCollective*:MpiDevices.*'
+  done
+  if ((gpus >= 2)); then
+    run "nccl_np$gpus" "${mpi_run[@]}" -np "$gpus" "$bundle/bin/test_mpi" --gtest_brief=1 --gtest_filter='NcclOverMpi.*'
+  else
+    skip nccl_multi_rank "NCCL needs one GPU per rank; this machine has $gpus"
+  fi
+else
+  skip devices_mpi "no mpirun on this machine"
+  if ((gpus >= 2)); then
+    run "nccl_np$gpus" scripts/launch.sh "$gpus" "$bundle/bin/test_devices" --gtest_brief=1 --gtest_filter='NcclRanks.*'
+  else
+    skip nccl_multi_rank "NCCL needs one GPU per rank; this machine has $gpus"
+  fi
+fi
+
+# 2. Benchmarks, each beside its ceiling from the same run.
 run bench_ops_cuda "$bundle/bin/bench_ops" --device cuda:0 --elements $((1 << 28))
-run bench_ops_cpu "$bundle/bin/bench_ops" --device cpu
-run bench_optim_cuda "$bundle/bin/bench_optimizers" --device cuda:0 --sizes 16,64,256
-# NCCL, world of one (one GPU holds one rank): our layer against a raw NCCL communicator.
+run bench_optim_cuda "$bundle/bin/bench_optimizers" --device cuda:0 --sizes 64,256
+# NCCL, world of one (or G ranks): our layer against a raw NCCL communicator.
 run bench_nccl "$bundle/bin/bench_collectives" --backend nccl --max-bytes $((256 << 20))
+# Device tensors staged through Gloo: 2 ranks on the GPU, against host allreduce + copies.
+run bench_gloo_staged scripts/launch.sh 2 "$bundle/bin/bench_collectives" --backend gloo --device cuda \
+  --max-bytes $((64 << 20))
+# DataParallel on the GPU: the step with and without communication, and the hidden share.
+run bench_ddp_nccl "$bundle/bin/bench_ddp" --backend nccl --device cuda --microbatches 1,4 --steps 5
+run bench_ddp_gloo_staged scripts/launch.sh 2 "$bundle/bin/bench_ddp" --backend gloo --device cuda \
+  --microbatches 1,4 --steps 3
+
+# 3. The trainers on the GPU: every strategy with --find-unused and the replica check; Horovod
+#    style with fp16 compression and two backward passes per step. One rank on NCCL, two
+#    sharing the GPU through Gloo, and one per GPU on NCCL where there are several.
+for strategy in single multi forced auto; do
+  run "digits_nccl_$strategy" "$bundle/bin/digits_ddp" --backend nccl --device cuda --microbatches 2 \
+    --sync-strategy "$strategy" --find-unused "${digits[@]}"
+  run "digits_gloo2_$strategy" scripts/launch.sh 2 "$bundle/bin/digits_ddp" --backend gloo --device cuda \
+    --microbatches 2 --sync-strategy "$strategy" --find-unused "${digits[@]}"
+done
+run horovod_nccl_fp16_bpps2 "$bundle/bin/horovod_style" --backend nccl --device cuda --compression fp16 \
+  --backward-passes-per-step 2 "${digits[@]}"
+run horovod_gloo2_fp16_bpps2 scripts/launch.sh 2 "$bundle/bin/horovod_style" --backend gloo --device cuda \
+  --compression fp16 --backward-passes-per-step 2 "${digits[@]}"
+if ((gpus >= 2)); then
+  run "digits_nccl_np$gpus" scripts/launch.sh "$gpus" "$bundle/bin/digits_ddp" --backend nccl --device cuda \
+    --microbatches 2 --sync-strategy forced --find-unused "${digits[@]}"
+fi
 
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
-grep -hE '^(memory|axpy|scale|cast|dot|squared)' "$out/bench_ops_cuda.log" | sed 's/^/cuda  /'
+grep -hE '^(memory|copy|axpy|scale|cast|dot|squared)' "$out/bench_ops_cuda.log" | sed 's/^/cuda  /'
 grep -hE 'Mi ' "$out/bench_optim_cuda.log" | sed 's/^/cuda  /'
-grep -hE '^allreduce +(4|1048576|268435456) ' "$out/bench_nccl.log" | sed 's/^/nccl  /'
+grep -hE '^allreduce +(4|1048576|4194304|268435456) ' "$out/bench_nccl.log" | sed 's/^/nccl  /'
+grep -hE '^ +(4096|1048576|16777216|67108864) ' "$out/bench_gloo_staged.log" | sed 's/^/staged/'
+grep -hE '^(single|multi|forced) ' "$out/bench_ddp_nccl.log" | sed 's/^/ddp nccl  /'
+grep -hE '^(single|multi|forced) ' "$out/bench_ddp_gloo_staged.log" | sed 's/^/ddp gloo2 /'

@@ -23,8 +23,10 @@ rm -rf gpu_bundle
 mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/fixtures
 binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/test_casts build-gpu/tests/test_ops
           build-gpu/tests/test_registry build-gpu/tests/test_safetensors build-gpu/tests/test_optimizers build-gpu/tests/test_nn
+          build-gpu/tests/test_staging build-gpu/tests/test_devices build-gpu/tests/test_mpi
           build-gpu/benchmarks/bench_ops build-gpu/benchmarks/bench_checkpoint build-gpu/benchmarks/bench_optimizers
-          build-gpu/benchmarks/bench_collectives)
+          build-gpu/benchmarks/bench_collectives build-gpu/benchmarks/bench_ddp
+          build-gpu/examples/digits_ddp build-gpu/examples/horovod_style)
 cp "${binaries[@]}" gpu_bundle/bin/
 cp tests/fixtures/*.safetensors gpu_bundle/fixtures/
 # Every library the binaries load, except the driver (it must match the kernel module there),

@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "core/staging.h"
+
 namespace gradsync::comm {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -157,16 +159,35 @@ void require_host_tensor(const char* op, const Tensor& tensor) {
                  tensor.defined() ? tensor.describe() : std::string("an empty handle"));
 }
 
+// A host tensor's stand-in on the device: a pooled device buffer (no cudaMalloc/cudaFree per
+// control collective: cudaFree synchronises the whole device), seen as a tensor.
+struct DeviceStage {
+  DeviceStage(const Tensor& like, Device device)
+      : buffer(detail::lease_device(like.nbytes(), device)),
+        tensor(Tensor::wrap(buffer.data(), like.shape(), like.dtype(), device)) {}
+  detail::PooledBuffer buffer;
+  Tensor tensor;
+};
+
 // The Work of a staged allreduce: waits for the device operation, then copies the result back.
+// The stage goes back to the pool only once the operation is over, waited for or not.
 class StagedWork final : public Work {
  public:
-  StagedWork(WorkHandle inner, Tensor staged, Tensor host)
-      : inner_(std::move(inner)), staged_(std::move(staged)), host_(std::move(host)) {}
+  StagedWork(WorkHandle inner, std::unique_ptr<DeviceStage> stage, Tensor host)
+      : inner_(std::move(inner)), stage_(std::move(stage)), host_(std::move(host)) {}
+  ~StagedWork() override {
+    if (copied_) return;
+    try {
+      inner_->wait();
+    } catch (const std::exception&) {
+      // Failed or lost: the communicator is aborted, nothing runs on the buffer any more.
+    }
+  }
   bool is_completed() const override { return inner_->is_completed(); }
   void wait(std::chrono::milliseconds timeout) override {
     inner_->wait(timeout);
     if (!copied_) {
-      host_.copy_from(staged_);
+      host_.copy_from(stage_->tensor);
       copied_ = true;
     }
   }
@@ -174,7 +195,7 @@ class StagedWork final : public Work {
 
  private:
   WorkHandle inner_;
-  Tensor staged_;
+  std::unique_ptr<DeviceStage> stage_;
   Tensor host_;
   bool copied_ = false;
 };
@@ -196,35 +217,41 @@ bool CallerWaits::take() {
 WorkHandle Communicator::allreduce_host_async(Tensor& host, ReduceOp op) {
   require_host_tensor("allreduce_host", host);
   if (device_type().is_cpu()) return allreduce_async(host, op);
-  Tensor staged = host.to(device_type());
-  WorkHandle inner = allreduce_async(staged, op);
-  return std::make_shared<StagedWork>(std::move(inner), staged, host);
+  auto stage = std::make_unique<DeviceStage>(host, device_type());
+  stage->tensor.copy_from(host);
+  WorkHandle inner = allreduce_async(stage->tensor, op);
+  return std::make_shared<StagedWork>(std::move(inner), std::move(stage), host);
 }
 
 void Communicator::broadcast_host(Tensor& host, int root) {
   require_host_tensor("broadcast_host", host);
   if (device_type().is_cpu()) return broadcast(host, root);
-  Tensor staged = host.to(device_type());
-  broadcast(staged, root);
-  host.copy_from(staged);
+  DeviceStage stage(host, device_type());
+  stage.tensor.copy_from(host);
+  broadcast(stage.tensor, root);
+  host.copy_from(stage.tensor);
 }
 
 void Communicator::allgather_host(const Tensor& input, Tensor& output) {
   require_host_tensor("allgather_host", input);
   require_host_tensor("allgather_host", output);
   if (device_type().is_cpu()) return allgather(input, output);
-  Tensor staged_output = Tensor::empty(output.shape(), output.dtype(), device_type());
-  allgather(input.to(device_type()), staged_output);
-  output.copy_from(staged_output);
+  DeviceStage staged_input(input, device_type());
+  DeviceStage staged_output(output, device_type());
+  staged_input.tensor.copy_from(input);
+  allgather(staged_input.tensor, staged_output.tensor);
+  output.copy_from(staged_output.tensor);
 }
 
 void Communicator::allgatherv_host(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
   require_host_tensor("allgatherv_host", input);
   require_host_tensor("allgatherv_host", output);
   if (device_type().is_cpu()) return allgatherv(input, output, counts);
-  Tensor staged_output = Tensor::empty(output.shape(), output.dtype(), device_type());
-  allgatherv(input.to(device_type()), staged_output, counts);
-  output.copy_from(staged_output);
+  DeviceStage staged_input(input, device_type());
+  DeviceStage staged_output(output, device_type());
+  staged_input.tensor.copy_from(input);
+  allgatherv(staged_input.tensor, staged_output.tensor, counts);
+  output.copy_from(staged_output.tensor);
 }
 
 }  // namespace gradsync::comm

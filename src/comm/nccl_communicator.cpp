@@ -355,20 +355,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Makes our GPU current for one launch and gives the caller's back afterwards.
-  class DeviceGuard {
-   public:
-    explicit DeviceGuard(int device) {
-      GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
-      if (previous_ != device) GRADSYNC_CUDA_CHECK(cudaSetDevice(device));
-    }
-    ~DeviceGuard() { cudaSetDevice(previous_); }
-    DeviceGuard(const DeviceGuard&) = delete;
-    DeviceGuard& operator=(const DeviceGuard&) = delete;
-
-   private:
-    int previous_ = 0;
-  };
+  using DeviceGuard = detail::CudaDeviceGuard;  // our GPU current for one launch
 
   template <typename Enqueue>
   WorkHandle launch(Descriptor descriptor, Enqueue&& enqueue) {

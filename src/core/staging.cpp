@@ -181,20 +181,6 @@ void trim_staging_pool() { pool().trim(); }
 
 namespace {
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(Device device) {
-    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 class EventFence final : public CopyFence {
  public:
   EventFence() { GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
@@ -234,7 +220,7 @@ StagingStream::StagingStream(Device device) : device_(device) {
   GRADSYNC_CHECK(device.is_cuda(), "StagingStream: expected a CUDA device, got ", device.str());
   GRADSYNC_CHECK(device.index < cuda_device_count(), "device ", device.str(), " is not usable: ",
                  cuda_device_count() == 0 ? cuda_unavailable_reason() : "no such device");
-  DeviceGuard guard(device);
+  CudaDeviceGuard guard(device.index);
   cudaStream_t stream = nullptr;
   GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
@@ -246,7 +232,7 @@ StagingStream::~StagingStream() {
 }
 
 void StagingStream::order_after_current_stream() {
-  DeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_.index);
   EventFence caller;
   void* current = current_cuda_stream(device_);
   GRADSYNC_CUDA_CHECK(cudaEventRecord(caller.event(), current != nullptr ? as_stream(current) : cudaStreamLegacy));
@@ -256,19 +242,19 @@ void StagingStream::order_after_current_stream() {
 
 void StagingStream::copy_async(void* destination, const void* source, std::size_t nbytes) {
   if (nbytes == 0) return;
-  DeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_.index);
   GRADSYNC_CUDA_CHECK(cudaMemcpyAsync(destination, source, nbytes, cudaMemcpyDefault, as_stream(stream_)));
 }
 
 std::shared_ptr<CopyFence> StagingStream::record() {
-  DeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_.index);
   auto fence = std::make_shared<EventFence>();
   GRADSYNC_CUDA_CHECK(cudaEventRecord(fence->event(), as_stream(stream_)));
   return fence;
 }
 
 void StagingStream::make_current_stream_wait(const CopyFence& fence) {
-  DeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_.index);
   void* current = current_cuda_stream(device_);
   GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(current != nullptr ? as_stream(current) : cudaStreamLegacy,
                                           static_cast<const EventFence&>(fence).event(), 0));

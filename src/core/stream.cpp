@@ -4,7 +4,12 @@
 
 #include <array>
 
+#include "gradsync/config.h"
 #include "gradsync/core/error.h"
+
+#if GRADSYNC_WITH_CUDA
+#include "cuda_check.h"
+#endif
 
 namespace gradsync {
 
@@ -30,5 +35,34 @@ void* current_cuda_stream(Device device) {
   if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return nullptr;
   return current_streams[static_cast<std::size_t>(device.index)];
 }
+
+#if GRADSYNC_WITH_CUDA
+
+CudaStream::CudaStream(Device device) : device_(device) {
+  GRADSYNC_CHECK(device.is_cuda() && device.index < cuda_device_count(), "CudaStream on ", device.str(),
+                 ": not a usable CUDA device (", cuda_device_count() == 0 ? cuda_unavailable_reason() : "no such device",
+                 ")");
+  detail::CudaDeviceGuard current(device.index);
+  cudaStream_t stream = nullptr;
+  GRADSYNC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+}
+
+CudaStream::~CudaStream() {
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CudaStream::synchronize() const { GRADSYNC_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_))); }
+
+#else
+
+CudaStream::CudaStream(Device device) : device_(device) {
+  detail::throw_error("CudaStream on ", device.str(), ": gradsync was built without CUDA (reconfigure with -Dcuda=enabled)");
+}
+CudaStream::~CudaStream() = default;
+void CudaStream::synchronize() const {}
+
+#endif
 
 }  // namespace gradsync

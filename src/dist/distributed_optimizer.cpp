@@ -138,7 +138,7 @@ struct DistributedOptimizer::Impl {
     for (const Parameter* parameter : parameters) delay[parameter] = options.backward_passes_per_step;
     form_groups();
 
-    distributed = comm.size() > 1;
+    distributed = comm.size() > 1 || options.reduce_with_one_rank;
     if (!distributed) return;  // Horovod: with one process nothing is hooked
 
     std::vector<const Parameter*> all(parameters.begin(), parameters.end());
@@ -152,6 +152,7 @@ struct DistributedOptimizer::Impl {
         "gradient_predivide_factor " + std::to_string(options.gradient_predivide_factor),
         "fusion_threshold_bytes " + std::to_string(options.fusion_threshold_bytes),
         "zero_stage " + std::to_string(options.zero_stage),
+        std::string("reduce_with_one_rank ") + (options.reduce_with_one_rank ? "true" : "false"),
         std::string("sparse_as_dense ") + (options.sparse_as_dense ? "true" : "false")};
     require_same_lines(comm, settings, "DistributedOptimizer", "options");
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,11 @@ inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std
   return Tensor::from_vector(values, {n}).to(dtype).to(device);
 }
 
-// Runs every operation on tensors of the communicator's device type (CPU, or its CUDA device).
+// Runs every operation on tensors of the communicator's device type (CPU, or its CUDA device),
+// or on `on` (CUDA tensors on a CPU backend: staged through host memory).
 inline void check_collectives(comm::Communicator& comm, const std::vector<std::int64_t>& sizes,
-                              const std::vector<DType>& dtypes = all_dtypes()) {
-  const Device device = comm.device_type();
+                              const std::vector<DType>& dtypes = all_dtypes(), std::optional<Device> on = std::nullopt) {
+  const Device device = on.value_or(comm.device_type());
   const int rank = comm.rank();
   const int size = comm.size();
   for (DType dtype : dtypes) {

@@ -1,7 +1,8 @@
 // Scenarios of the dist layer (Reducer, DistributedOptimizer, Adasum) written once against a
 // Communicator, run on Gloo ranks-as-threads (multirank/test_dist.cpp, world sizes 1-4) and
 // on MPI processes (multirank/test_mpi.cpp). Each is a reference-checked behaviour from
-// docs/semantics/horovod.md section 6; the item numbers are quoted.
+// docs/semantics/horovod.md section 6; the item numbers are quoted. Those taking a Device
+// also run with parameters on the GPU (device_scenarios.h: Gloo, MPI and NCCL).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -35,9 +36,12 @@ struct Regression {
   std::vector<std::vector<double>> x;
   std::vector<double> y;
 
-  explicit Regression(std::int64_t samples, DType dtype = DType::f32) {
-    w = &registry.add("w", {kFeatures}, dtype);
-    b = &registry.add("b", {1}, dtype);
+  Device device;
+
+  explicit Regression(std::int64_t samples, DType dtype = DType::f32, Device device_ = Device::cpu())
+      : device(device_) {
+    w = &registry.add("w", {kFeatures}, dtype, device);
+    b = &registry.add("b", {1}, dtype, device);
     registry.finalize();
     std::mt19937 rng(7);
     std::normal_distribution<double> normal(0.0, 1.0);
@@ -72,10 +76,10 @@ struct Regression {
       for (std::int64_t f = 0; f < kFeatures; ++f) gw[static_cast<std::size_t>(f)] += error * x[static_cast<std::size_t>(s)][static_cast<std::size_t>(f)];
     }
     if (with_bias) {
-      b->accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(b->dtype()));
+      b->accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(b->dtype()).to(device));
       if (mark_ready) registry.mark_ready(*b);
     }
-    w->accumulate_grad(Tensor::from_vector(gw, {kFeatures}).to(w->dtype()));
+    w->accumulate_grad(Tensor::from_vector(gw, {kFeatures}).to(w->dtype()).to(device));
     if (mark_ready) registry.mark_ready(*w);
     return gb;
   }
@@ -91,12 +95,12 @@ inline void expect_near_vectors(const std::string& what, const std::vector<doubl
 
 // Equivalence: N ranks with Average reach the parameters of one process training on the
 // concatenated batch (each rank's slice has the same size), for SGD with momentum and Adam.
-inline void equivalence_with_single_process(comm::Communicator& comm) {
+inline void equivalence_with_single_process(comm::Communicator& comm, Device device = Device::cpu()) {
   const std::int64_t per_rank = 6;
   const std::int64_t batch = per_rank * comm.size();
   const int steps = 5;
   for (const std::string kind : {"sgd", "adam"}) {
-    Regression distributed(batch * steps);
+    Regression distributed(batch * steps, DType::f32, device);
     Regression single(batch * steps);
     std::unique_ptr<optim::Optimizer> inner;
     std::unique_ptr<optim::Optimizer> reference;
@@ -107,7 +111,8 @@ inline void equivalence_with_single_process(comm::Communicator& comm) {
       inner = std::make_unique<optim::Adam>(distributed.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .amsgrad = false, .maximize = false});
       reference = std::make_unique<optim::Adam>(single.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .amsgrad = false, .maximize = false});
     }
-    dist::DistributedOptimizer optimizer(*inner, comm);
+    // At world 1 too through the Reducer (a device backend's only test on a one-GPU machine).
+    dist::DistributedOptimizer optimizer(*inner, comm, {.reduce_with_one_rank = true});
     for (int step = 0; step < steps; ++step) {
       const std::int64_t start = step * batch;
       distributed.backward(start + comm.rank() * per_rank, start + (comm.rank() + 1) * per_rank);
@@ -125,17 +130,17 @@ inline void equivalence_with_single_process(comm::Communicator& comm) {
 
 // Checklist 19: a rank whose graph skips a parameter (its gradient never defined, never
 // marked ready) still completes step(); the parameter gets the others' contributions.
-inline void force_allreduce_when_a_rank_skips_a_parameter(comm::Communicator& comm) {
+inline void force_allreduce_when_a_rank_skips_a_parameter(comm::Communicator& comm, Device device = Device::cpu()) {
   ParameterRegistry registry;
-  Parameter& head_a = registry.add("head_a", {5});
-  Parameter& head_b = registry.add("head_b", {3});
+  Parameter& head_a = registry.add("head_a", {5}, DType::f32, device);
+  Parameter& head_b = registry.add("head_b", {3}, DType::f32, device);
   registry.finalize();
   optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false, .maximize = false});
   dist::DistributedOptimizer optimizer(sgd, comm, {.op = dist::Op::sum});
-  head_a.set_grad(Tensor::from_vector(std::vector<float>(5, 1.0f), {5}));
+  head_a.set_grad(Tensor::from_vector(std::vector<float>(5, 1.0f), {5}).to(device));
   registry.mark_ready(head_a);
   if (comm.rank() != 0) {  // rank 0 uses head A only
-    head_b.set_grad(Tensor::from_vector(std::vector<float>(3, 2.0f), {3}));
+    head_b.set_grad(Tensor::from_vector(std::vector<float>(3, 2.0f), {3}).to(device));
     registry.mark_ready(head_b);
   }
   optimizer.step();
@@ -200,12 +205,12 @@ inline void adasum_math(comm::Communicator& comm) {
 
 // DataParallel: N ranks reach the parameters of one process on the concatenated batch, with
 // 2 microbatches per step under each strategy (docs/semantics/ddp.md checklist 9 and 11).
-inline void data_parallel_equivalence(comm::Communicator& comm) {
+inline void data_parallel_equivalence(comm::Communicator& comm, Device device = Device::cpu()) {
   const std::int64_t per_rank = 8;
   const std::int64_t batch = per_rank * comm.size();
   for (const dist::DDPSyncStrategy strategy : {dist::DDPSyncStrategy::single_auto_sync,
                                                dist::DDPSyncStrategy::multi_auto_sync, dist::DDPSyncStrategy::forced_sync}) {
-    Regression distributed(batch * 3);
+    Regression distributed(batch * 3, DType::f32, device);
     Regression single(batch * 3);
     dist::DataParallel ddp(distributed.registry, comm, {.bucket_cap_mb = 1e-6});
     optim::SGD sgd(distributed.registry, optim::SGD::Options{.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false, .maximize = false});
@@ -234,19 +239,19 @@ inline void data_parallel_equivalence(comm::Communicator& comm) {
 
 // DataParallel: a rank that misses a gradient (find_unused off) fails at the end of that
 // backward naming it; the others fail naming that rank; nobody hangs.
-inline void data_parallel_missing_gradient(comm::Communicator& comm) {
+inline void data_parallel_missing_gradient(comm::Communicator& comm, Device device = Device::cpu()) {
   if (comm.size() < 2) return;
   ParameterRegistry registry;
-  Parameter& a = registry.add("a", {3});
-  Parameter& b = registry.add("b", {3});
+  Parameter& a = registry.add("a", {3}, DType::f32, device);
+  Parameter& b = registry.add("b", {3}, DType::f32, device);
   registry.finalize();
   dist::DataParallel ddp(registry, comm);
   ddp.begin_backward();
-  a.set_grad(Tensor::from_vector(std::vector<float>(3, 1.0f), {3}));
+  a.set_grad(Tensor::from_vector(std::vector<float>(3, 1.0f), {3}).to(device));
   registry.mark_ready(a);
   const int missing_rank = comm.size() - 1;
   if (comm.rank() != missing_rank) {
-    b.set_grad(Tensor::from_vector(std::vector<float>(3, 1.0f), {3}));
+    b.set_grad(Tensor::from_vector(std::vector<float>(3, 1.0f), {3}).to(device));
     registry.mark_ready(b);
   }
   if (comm.rank() == missing_rank) {
@@ -260,7 +265,8 @@ inline void data_parallel_missing_gradient(comm::Communicator& comm) {
 // each rank signalling readiness in its own random order. Every bucket has the same size, so
 // pairing the wrong buckets across ranks would go unnoticed by any size check: only the values
 // tell. Each Reducer reduces on its own duplicate, so every value must be the exact sum.
-inline void random_ready_orders_across_reducers(comm::Communicator& comm, int reducers, int trials) {
+inline void random_ready_orders_across_reducers(comm::Communicator& comm, int reducers, int trials,
+                                                Device device = Device::cpu()) {
   constexpr int kPerReducer = 3;       // parameters per Reducer, one bucket each
   constexpr std::int64_t kNumel = 16;  // 64-byte buckets everywhere
   ParameterRegistry registry;
@@ -268,7 +274,7 @@ inline void random_ready_orders_across_reducers(comm::Communicator& comm, int re
   for (int r = 0; r < reducers; ++r) {
     for (int p = 0; p < kPerReducer; ++p) {
       owned[static_cast<std::size_t>(r)].push_back(
-          &registry.add("r" + std::to_string(r) + ".p" + std::to_string(p), {kNumel}));
+          &registry.add("r" + std::to_string(r) + ".p" + std::to_string(p), {kNumel}, DType::f32, device));
     }
   }
   registry.finalize();
@@ -288,14 +294,14 @@ inline void random_ready_orders_across_reducers(comm::Communicator& comm, int re
     for (int r = 0; r < reducers; ++r) {
       for (int p = 0; p < kPerReducer; ++p) {
         owned[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]->set_grad(
-            Tensor::from_vector(std::vector<float>(kNumel, value(trial, r, p, comm.rank())), {kNumel}));
+            Tensor::from_vector(std::vector<float>(kNumel, value(trial, r, p, comm.rank())), {kNumel}).to(device));
         order.emplace_back(r, p);
       }
     }
     std::shuffle(order.begin(), order.end(), order_rng);
     // A user collective on the shared communicator at a rank-dependent point of the order.
     const std::size_t user_at = order_rng() % (order.size() + 1);
-    Tensor user = Tensor::from_vector(std::vector<double>{1.0 + comm.rank()}, {1});
+    Tensor user = Tensor::from_vector(std::vector<double>{1.0 + comm.rank()}, {1}).to(comm.device_type());
     for (std::size_t k = 0; k <= order.size(); ++k) {
       if (k == user_at) comm.allreduce(user, comm::ReduceOp::sum);
       if (k == order.size()) break;

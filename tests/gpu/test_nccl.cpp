@@ -6,6 +6,8 @@
 #include <chrono>
 
 #include "comm_checks.h"
+#include "device_scenarios.h"
+#include "gradsync/core/stream.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/nccl.h"
@@ -133,17 +135,54 @@ TEST_F(Nccl, DataParallelAndDistributedOptimizerOnTheGpu) {
   EXPECT_NEAR(w.value().to_double_vector()[0], -0.1, 1e-6);
 }
 
+// The whole device suite (device_scenarios.h) on NCCL with one rank: every strategy, every
+// DistributedOptimizer option through the Reducer (reduce_with_one_rank), expected values that
+// differ from the input.
+TEST_F(Nccl, EveryDeviceScenarioAtWorldOne) {
+  auto comm = world();
+  testing::all_device_scenarios(*comm, Device::cuda(0));
+}
+
+// An engine computing on its own (non-blocking) stream: the collective waits for the kernel
+// queued there, on NCCL and on Gloo (staged), and so does a tensor copy.
+TEST_F(Nccl, CollectivesFollowTheEnginesOwnStream) {
+  auto nccl = world();
+  auto gloo = comm::gloo_tcp_store("127.0.0.1", 0, 0, 1);
+  CudaStream stream(Device::cuda(0));
+  CudaStreamScope scope(Device::cuda(0), stream.get());
+  for (comm::Communicator* comm : {nccl.get(), gloo.get()}) {
+    for (int round = 0; round < 5; ++round) {
+      Tensor t = Tensor::zeros({1 << 24}, DType::f32, Device::cuda(0));
+      ops::fill(t, 3.0 + round);  // queued on `stream`, a large kernel: still running when the collective is issued
+      comm->allreduce(t, comm::ReduceOp::max);
+      EXPECT_EQ(t.to_double_vector()[(1 << 24) - 1], 3.0 + round) << comm->backend();
+    }
+  }
+}
+
 TEST(NcclBackendChoice, AutoPicksNcclForCudaTensorsWhenAGpuIsThere) {
   if (!comm::nccl_available()) GTEST_SKIP() << "skipped: " << comm::nccl_unavailable_reason();
   EXPECT_EQ(comm::choose_backend("auto", Device::cuda(0)), "nccl");
   EXPECT_EQ(comm::choose_backend("auto", Device::cpu()) == "nccl", false);
 }
 
-TEST(GlooWithCudaTensors, IsAClearError) {
+// CUDA tensors on Gloo: staged through pooled page-locked buffers; the pool is reused.
+TEST(GlooWithCudaTensors, AreStagedThroughPinnedPooledBuffers) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason();
   auto comm = comm::gloo_tcp_store("127.0.0.1", 0, 0, 1);
-  Tensor device_tensor = Tensor::zeros({4}, DType::f32, Device::cuda(0));
-  EXPECT_GRADSYNC_ERROR(comm->allreduce(device_tensor, comm::ReduceOp::sum), "CUDA tensors go through the NCCL backend");
+  testing::check_collectives(*comm, {0, 1, 7, 1000, 1 << 20}, testing::all_dtypes(), Device::cuda(0));
+  std::vector<Tensor> tensors;
+  std::vector<comm::WorkHandle> works;
+  for (int i = 0; i < 32; ++i) {  // many in flight: copies of later ones overlap earlier wires
+    tensors.push_back(testing::filled(1000 + i, DType::f32, [i](std::int64_t j) { return static_cast<double>(i + j); },
+                                      Device::cuda(0)));
+    works.push_back(comm->allreduce_async(tensors.back(), comm::ReduceOp::sum));
+  }
+  for (int i = 0; i < 32; ++i) {
+    works[static_cast<std::size_t>(i)]->wait();
+    EXPECT_TRUE(works[static_cast<std::size_t>(i)]->is_completed());
+    EXPECT_EQ(tensors[static_cast<std::size_t>(i)].to_double_vector()[7], i + 7.0);
+  }
 }
 
 }  // namespace

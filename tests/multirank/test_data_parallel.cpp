@@ -208,11 +208,11 @@ TEST(DataParallel, EquivalenceWithSingleProcess) {
 
 // Item 9 with microbatches under each strategy, worlds 1-4.
 TEST(DataParallel, EquivalenceWithMicrobatchesUnderEachStrategy) {
-  for (const int size : {1, 2, 3, 4}) comm::run_gloo_thread_group(size, testing::data_parallel_equivalence);
+  for (const int size : {1, 2, 3, 4}) comm::run_gloo_thread_group(size, [](Communicator& comm) { testing::data_parallel_equivalence(comm); });
 }
 
 TEST(DataParallel, MissingGradientOnTheLastRank) {
-  for (const int size : {2, 3}) comm::run_gloo_thread_group(size, testing::data_parallel_missing_gradient);
+  for (const int size : {2, 3}) comm::run_gloo_thread_group(size, [](Communicator& comm) { testing::data_parallel_missing_gradient(comm); });
 }
 
 // Item 11: no_sync accumulates locally; the next synced backward reduces the accumulated sum.

@@ -202,11 +202,11 @@ class DistWorld : public ::testing::TestWithParam<int> {};
 INSTANTIATE_TEST_SUITE_P(Sizes, DistWorld, ::testing::Values(1, 2, 3, 4));
 
 TEST_P(DistWorld, EquivalenceWithSingleProcessTraining) {
-  comm::run_gloo_thread_group(GetParam(), testing::equivalence_with_single_process);
+  comm::run_gloo_thread_group(GetParam(), [](Communicator& comm) { testing::equivalence_with_single_process(comm); });
 }
 
 TEST_P(DistWorld, ForceAllreduceWhenARankSkipsAParameter) {
-  comm::run_gloo_thread_group(GetParam(), testing::force_allreduce_when_a_rank_skips_a_parameter);
+  comm::run_gloo_thread_group(GetParam(), [](Communicator& comm) { testing::force_allreduce_when_a_rank_skips_a_parameter(comm); });
 }
 
 // Items 1-3: each op over rank-specific values.

@@ -3,7 +3,10 @@
 #include "gradsync/comm/mpi.h"
 
 #include "comm_checks.h"
+#include "device_scenarios.h"
 #include "dist_scenarios.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/comm/nccl.h"
 #include "join_scenarios.h"
 #include "zero_scenarios.h"
 
@@ -37,6 +40,46 @@ TEST(Mpi, ManyInFlightOperationsCompleteInOrder) {
     works[static_cast<std::size_t>(k)]->wait();
     EXPECT_EQ(tensors[static_cast<std::size_t>(k)].to_double_vector()[0], comm.size() - 1 + k);
   }
+}
+
+// The device-parameterised suite (device_scenarios.h): host parameters, and CUDA parameters
+// staged through MPI (every rank on the GPU of its local rank; 2 to 4 ranks may share one).
+TEST(MpiDevices, HostParameters) { testing::all_device_scenarios(world(), Device::cpu()); }
+
+Device my_gpu() {
+  const int devices = cuda_device_count();
+  return Device::cuda(devices > 0 ? comm::local_rank_from_environment(world().rank()) % devices : 0);
+}
+
+TEST(MpiDevices, CudaParametersStagedThroughMpi) {
+  GRADSYNC_SKIP_UNLESS_USABLE(Device::cuda(0));
+  testing::all_device_scenarios(world(), my_gpu());
+  testing::check_collectives(world(), {0, 1, 7, 100003}, {DType::f32, DType::bf16, DType::i64}, my_gpu());
+}
+
+// NCCL with one rank per GPU, bootstrapped over MPI: registered as `mpirun -np 2`, and run by
+// scripts/gpu_check.sh with -np G on a machine with G >= 2 GPUs. NCCL refuses two ranks on
+// one GPU, so with fewer GPUs than ranks this skips, saying so.
+TEST(NcclOverMpi, EveryScenarioWithOneRankPerGpu) {
+  const int devices = cuda_device_count();
+  if (devices < world().size() || !comm::nccl_available()) {
+    GTEST_SKIP() << "skipped: NCCL needs one GPU per rank: " << world().size() << " ranks, " << devices
+                 << " usable GPU(s)" << (devices == 0 ? " (" + cuda_unavailable_reason() + ")" : std::string());
+  }
+  auto nccl = comm::nccl_communicator(world(), {.timeout = std::chrono::milliseconds(60000)}, -1);
+  const Device gpu = nccl->device_type();
+  testing::check_collectives(*nccl, {0, 1, 7, 100003, 1 << 20});
+  testing::all_device_scenarios(*nccl, gpu);
+}
+
+TEST(NcclOverMpi, ARankThatSkipsACollectiveTimesOutAndAborts) {
+  const int devices = cuda_device_count();
+  if (devices < world().size() || !comm::nccl_available()) {
+    GTEST_SKIP() << "skipped: NCCL needs one GPU per rank: " << world().size() << " ranks, " << devices << " usable GPU(s)";
+  }
+  auto nccl = comm::nccl_communicator(world(), {.timeout = std::chrono::milliseconds(10000)}, -1);
+  testing::a_rank_that_skips_a_collective(*nccl);
+  world().barrier();  // the MPI world is untouched
 }
 
 // Runs last (gtest keeps declaration order): the mismatch leaves this communicator broken.

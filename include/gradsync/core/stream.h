@@ -33,4 +33,21 @@ class CudaStreamScope {
 // The calling thread's current stream on `device` (nullptr: the legacy default stream).
 void* current_cuda_stream(Device device);
 
+// A CUDA stream of gradsync's making, for engines and tests that want their own stream without
+// including CUDA headers: non-blocking (it does not synchronise with the legacy default
+// stream, like the streams engines create). An Error without CUDA or without the device.
+class CudaStream {
+ public:
+  explicit CudaStream(Device device);
+  ~CudaStream();  // waits for what is queued on it, then destroys it
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  void* get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  Device device_;
+  void* stream_ = nullptr;
+};
+
 }  // namespace gradsync

@@ -19,7 +19,8 @@
 //  * the warning for step() after synchronize() without skip_synchronize() is given once;
 //  * parameters declared sparse take part in every synchronization (zero rows when a rank has
 //    none), so a rank without a sparse gradient cannot stall the allgather.
-// With one rank nothing is hooked and step() is the wrapped optimizer's step.
+// With one rank nothing is hooked and step() is the wrapped optimizer's step (unless
+// reduce_with_one_rank asks for the distributed path, for tests).
 #pragma once
 
 #include <memory>
@@ -61,6 +62,11 @@ struct DistributedOptimizerOptions {
   // reduce-scatters the buckets. Not with Adasum (a local step of every parameter), sparse
   // parameters (unless sparse_as_dense: their rows are no bucket's), or join().
   int zero_stage = 0;
+  // Runs the whole distributed path (buckets, compression, scaling, the Reducer, the status
+  // collective) with one rank too, where Horovod hooks nothing. For testing a backend on a
+  // machine with one GPU, where NCCL allows one rank only: the results are the plain path's,
+  // up to compression's rounding.
+  bool reduce_with_one_rank = false;
 };
 
 class DistributedOptimizer {

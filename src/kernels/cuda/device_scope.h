@@ -13,20 +13,15 @@ namespace gradsync::kernels::cuda {
 
 class DeviceScope {
  public:
-  explicit DeviceScope(Device device) : stream_(static_cast<cudaStream_t>(current_cuda_stream(device))) {
-    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
+  explicit DeviceScope(Device device)
+      : guard_(device.index), stream_(static_cast<cudaStream_t>(current_cuda_stream(device))) {}
 
   // nullptr (stream 0) is the legacy default stream.
   cudaStream_t stream() const { return stream_; }
 
  private:
+  detail::CudaDeviceGuard guard_;
   cudaStream_t stream_;
-  int previous_ = 0;
 };
 
 }  // namespace gradsync::kernels::cuda

@@ -1,0 +1,97 @@
+// The device-parameterised suite (tests/common/device_scenarios.h) on Gloo ranks-as-threads:
+// worlds of 1 to 4 ranks, with parameters on the host and on the GPU. CUDA parameters travel
+// through Gloo staged in pinned host memory, so 2 to 4 ranks share one GPU here: the only way
+// to run the multi-rank logic on device tensors on a machine with one GPU. The cuda instances
+// skip, saying why, where no GPU is usable. (NCCL runs the same suite in gpu/test_nccl.cpp,
+// MPI in multirank/test_mpi.cpp.)
+#include <tuple>
+
+#include "comm_checks.h"
+#include "device_scenarios.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/nccl.h"
+
+namespace gradsync {
+namespace {
+
+class DeviceWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  Device device() const { return Device::parse(std::get<1>(GetParam())); }
+};
+
+INSTANTIATE_TEST_SUITE_P(GlooRanks, DeviceWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_ranks_" + std::get<1>(info.param);
+                         });
+
+TEST_P(DeviceWorld, StrategySet) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { testing::ddp_strategy_set(comm, device()); });
+}
+
+TEST_P(DeviceWorld, UnusedNoSyncSynchronizeAllHookCompression) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
+    testing::ddp_unused_no_sync_hook_compression(comm, device());
+  });
+}
+
+TEST_P(DeviceWorld, DistributedOptimizerOptions) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
+    testing::distributed_optimizer_options(comm, device());
+  });
+}
+
+TEST_P(DeviceWorld, TrainingEquivalenceMissingGradientsAndReadyOrders) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
+    testing::equivalence_with_single_process(comm, device());
+    testing::force_allreduce_when_a_rank_skips_a_parameter(comm, device());
+    testing::data_parallel_equivalence(comm, device());
+    testing::data_parallel_missing_gradient(comm, device());
+    testing::random_ready_orders_across_reducers(comm, 3, 20, device());
+  });
+}
+
+// The collectives themselves on device tensors (staged), beside the host ones.
+TEST_P(DeviceWorld, EveryCollectiveOnDeviceTensors) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
+    testing::check_collectives(comm, {0, 1, 7, 1000, 1 << 18}, {DType::f32, DType::bf16, DType::i64}, device());
+  });
+}
+
+// The failure path with device tensors in flight: a rank skips a collective; the staged
+// operations behind the one that timed out fail too, naming it.
+TEST_P(DeviceWorld, ARankThatSkipsACollectiveBreaksEveryRankClearly) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  if (world() < 2) GTEST_SKIP() << "skipped: needs two ranks";
+  comm::run_gloo_thread_group(
+      world(), [&](comm::Communicator& comm) { testing::a_rank_that_skips_a_collective(comm, device()); },
+      {.timeout = std::chrono::milliseconds(1000)});
+}
+
+// NCCL with one rank per GPU, the ranks started by scripts/launch.sh (torchrun-style
+// variables; scripts/gpu_check.sh uses it where the machine has no mpirun, and
+// multirank/test_mpi.cpp's NcclOverMpi where it has).
+TEST(NcclRanks, EveryScenarioWithOneRankPerGpu) {
+  if (std::getenv("WORLD_SIZE") == nullptr) GTEST_SKIP() << "skipped: run by scripts/launch.sh G (one rank per GPU)";
+  auto bootstrap = comm::connect("gloo");
+  const int devices = cuda_device_count();
+  if (devices < bootstrap->size() || !comm::nccl_available()) {
+    GTEST_SKIP() << "skipped: NCCL needs one GPU per rank: " << bootstrap->size() << " ranks, " << devices
+                 << " usable GPU(s)";
+  }
+  auto nccl = comm::nccl_communicator(*bootstrap, {.timeout = std::chrono::milliseconds(60000)}, -1);
+  testing::check_collectives(*nccl, {0, 1, 7, 100003, 1 << 20});
+  testing::all_device_scenarios(*nccl, nccl->device_type());
+  auto doomed = comm::nccl_communicator(*bootstrap, {.timeout = std::chrono::milliseconds(10000)}, -1);
+  testing::a_rank_that_skips_a_collective(*doomed);
+}
+
+}  // namespace
+}  // namespace gradsync
