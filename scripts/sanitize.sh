@@ -68,6 +68,6 @@ else
   # The big sweeps of test_gloo (world 8, worlds 3-4 with 1M elements) take minutes under TSan
   # and add no thread interleaving the world-2 sweep lacks: --all runs them.
   # Join's and ZeRO's full sweeps likewise: their other tests cover the same interleavings.
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero \
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero staging devices \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:Join.DataParallelMatchesTheReferenceUnderEveryStrategy:Join.ZeroOptimizerKeepsSteppingOnJoinedRanks:Zero.MatchesUnshardedDataParallel:Zero.DistributedOptimizerFrontEnd"
 fi

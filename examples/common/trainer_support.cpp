@@ -275,7 +275,9 @@ const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
   TrainerOptions o;
   o.backend = flags.text("--backend", "auto");
-  o.device = Device::parse(flags.text("--device", "cpu"));
+  const std::string device_text = flags.text("--device", "cpu");
+  o.device = Device::parse(device_text);
+  o.device_is_any_gpu = device_text == "cuda";
   o.passes = flags.integer(passes_flag, 1);
   GRADSYNC_CHECK(o.passes > 0, passes_flag, " must be positive");
   o.optimizer = flags.text("--optimizer", "sgd");
@@ -313,7 +315,12 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   auto t = std::make_unique<Training>();
   // The communicator; with NCCL the GPU is the one chosen for this rank.
   t->comm = comm::connect(options.backend, options.device);
+  // With Gloo or MPI and --device cuda, the GPU of this rank's local rank too (several ranks
+  // share one when there are fewer GPUs than ranks); their tensors are staged through host memory.
   t->device = t->comm->device_type().is_cuda() ? t->comm->device_type() : options.device;
+  if (t->device.is_cuda() && options.device_is_any_gpu && cuda_device_count() > 0) {
+    t->device = Device::cuda(comm::local_rank_from_environment(t->comm->rank()) % cuda_device_count());
+  }
   if (!options.timeline.empty()) timeline::start(options.timeline, t->comm->rank());
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);

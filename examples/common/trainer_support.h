@@ -128,6 +128,7 @@ class Metrics {
 // The flags common to the trainers (each adds its own before calling finish()).
 struct TrainerOptions {
   std::string backend, optimizer, data, init, save, resume, metrics;
+  bool device_is_any_gpu = false;  // --device cuda (no index): the local rank's GPU
   std::string precision = "f32";  // f32 | bf16 | fp16 (16-bit parameters, f32 master weights)
   std::string timeline;           // --timeline PATH: a Chrome trace per rank (core/timeline.h)
   Device device;
