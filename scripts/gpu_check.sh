@@ -21,7 +21,7 @@ for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 export LD_LIBRARY_PATH="$PWD/$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ldd "$bundle/bin/test_gpu" | grep -E 'nccl|cublas|cudart|not found' | sed 's/^/lib: /' 
-export GRADSYNC_FIXTURE_DIR="$PWD/$bundle/fixtures"
+export GRADSYNC_FIXTURE_DIR="$PWD/tests/fixtures"
 out=${OUT:-/tmp/gradsync-gpu-check}
 mkdir -p "$out"
 

@@ -20,7 +20,7 @@ fi
 ninja -C build-gpu
 
 rm -rf gpu_bundle
-mkdir -p gpu_bundle/bin gpu_bundle/lib gpu_bundle/fixtures
+mkdir -p gpu_bundle/bin gpu_bundle/lib
 binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/test_casts build-gpu/tests/test_ops
           build-gpu/tests/test_registry build-gpu/tests/test_safetensors build-gpu/tests/test_optimizers build-gpu/tests/test_nn
           build-gpu/tests/test_staging build-gpu/tests/test_devices build-gpu/tests/test_mpi
@@ -28,7 +28,8 @@ binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/t
           build-gpu/benchmarks/bench_collectives build-gpu/benchmarks/bench_ddp
           build-gpu/examples/digits_ddp build-gpu/examples/horovod_style)
 cp "${binaries[@]}" gpu_bundle/bin/
-cp tests/fixtures/*.safetensors gpu_bundle/fixtures/
+# The test fixtures and the trainers' data travel with the working tree (tests/fixtures,
+# examples/data); gpu_check.sh points the binaries there.
 # Every library the binaries load, except the driver (it must match the kernel module there),
 # glibc's own libraries (always present, and tied to the dynamic loader), and the CUDA
 # toolkit's (cudart, cuBLAS, NCCL: hundreds of MB, and the GPU machine has them, in its toolkit
@@ -42,6 +43,8 @@ done | sort -u | while read -r library; do
     *) cp -L "$library" gpu_bundle/lib/ ;;
   esac
 done
+# No debug information: a device call carries 64 MiB in all, the working tree included.
+strip --strip-unneeded gpu_bundle/bin/* gpu_bundle/lib/* 2>/dev/null || true
 git rev-parse HEAD > gpu_bundle/COMMIT 2>/dev/null || true
 echo "sm_$arch" > gpu_bundle/ARCH
 size=$(du -sm gpu_bundle | cut -f1)

@@ -88,7 +88,11 @@ class Staging {
   // Step 1, on the caller's thread.
   void start(detail::StagingStream& to_host, detail::StagingStream& to_device) {
     to_device_ = &to_device;
+    // Both directions wait for the caller's work so far: the copies up read what its kernels
+    // wrote, and the copies back must not land before its kernels are done with the tensor
+    // (an output zero-filled on the caller's stream, say, would overwrite the result).
     to_host.order_after_current_stream();
+    to_device.order_after_current_stream();
     for (const Entry& entry : entries_) {
       if (entry.in) to_host.copy_async(entry.host.data(), entry.device.data(), entry.device.nbytes());
     }
