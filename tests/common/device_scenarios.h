@@ -21,6 +21,8 @@
 
 #include "dist_scenarios.h"
 #include "gradsync/core/device.h"
+#include "join_scenarios.h"
+#include "zero_scenarios.h"
 
 namespace gradsync::testing {
 
@@ -313,6 +315,17 @@ inline void distributed_optimizer_options(comm::Communicator& comm, Device devic
   }
 }
 
+// ZeRO stages 1 and 2 against unsharded DataParallel, and uneven inputs under dist::Join (with
+// ZeRO too), with the model on `device`.
+inline void zero_and_join(comm::Communicator& comm, Device device) {
+  zero_matches_unsharded(comm, {.stage = 1, .optimizer = "adam", .steps = 4, .device = device});
+  zero_matches_unsharded(comm, {.stage = 2, .optimizer = "sgd", .clip = 0.5, .steps = 4, .device = device});
+  if (comm.size() >= 2) {
+    uneven_data_parallel(comm, {.epochs = 1, .device = device});
+    uneven_data_parallel(comm, {.optimizer = "adam", .epochs = 1, .zero_stage = 1, .device = device});
+  }
+}
+
 // Every scenario with parameters on `device`.
 inline void all_device_scenarios(comm::Communicator& comm, Device device) {
   SCOPED_TRACE(std::string(comm.backend()) + ", " + std::to_string(comm.size()) + " rank(s), parameters on " + device.str());
@@ -324,6 +337,7 @@ inline void all_device_scenarios(comm::Communicator& comm, Device device) {
   data_parallel_equivalence(comm, device);
   data_parallel_missing_gradient(comm, device);
   random_ready_orders_across_reducers(comm, 3, 20, device);
+  zero_and_join(comm, device);
 }
 
 // A rank that skips a collective (and issues nothing after it, like a stuck rank): the others'

@@ -29,6 +29,7 @@ struct UnevenCase {
   double tolerance = 2e-5;  // f32 sums in another order; fp16 compression needs more
   int zero_stage = 0;       // ZeRO (dist/zero.h): joined ranks keep stepping their pieces
   double clip = 0;          // clip to this global norm before each step (0: off)
+  Device device = Device::cpu();  // where the model lives (device_scenarios.h runs cuda too)
 
   int count(int rank, int epoch, int world) const {
     return counts[static_cast<std::size_t>((rank + epoch) % world) % counts.size()];
@@ -37,7 +38,7 @@ struct UnevenCase {
     return optimizer + " " + dist::sync_strategy_name(strategy) + " x" + std::to_string(microbatches) +
            (divide_by_initial_world_size ? " /initial" : " /active") + (find_unused_parameters ? " unused" : "") +
            " " + dist::compression_name(compression) + (zero_stage ? " zero " + std::to_string(zero_stage) : "") +
-           (clip > 0 ? " clip" : "");
+           (clip > 0 ? " clip" : "") + " on " + device.str();
   }
 };
 
@@ -78,7 +79,7 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
     return !c.find_unused_parameters || (epoch + step + rank) % 3 != 0;
   };
   const std::int64_t samples = first_sample(c.epochs, 0, 0, 0);
-  Regression model(samples);
+  Regression model(samples, DType::f32, c.device);
   Regression single(samples);
   std::unique_ptr<optim::Optimizer> optimizer = make_test_optimizer(c.optimizer, model.registry);
   std::unique_ptr<optim::Optimizer> reference = make_test_optimizer(c.optimizer, single.registry);
@@ -140,7 +141,7 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
   auto context = dist::ddp_sync_context(ddp, /*is_final_microbatch=*/false, c.strategy);
   Tensor chosen = Tensor::from_vector(std::vector<double>{static_cast<double>(context.strategy())}, {1});
   Tensor all = Tensor::zeros({world}, DType::f64);
-  comm.allgather(chosen, all);
+  comm.allgather_host(chosen, all);
   for (const double other : all.to_double_vector()) EXPECT_EQ(other, static_cast<double>(context.strategy()));
 }
 

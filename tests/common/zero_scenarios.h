@@ -27,10 +27,11 @@ struct ZeroCase {
   DType dtype = DType::f32;  // bf16: 16-bit model with f32 master weights
   double clip = 0;           // clip to this global norm before each step (0: off)
   int steps = 6;
+  Device device = Device::cpu();  // where the parameters live (device_scenarios.h runs cuda too)
   std::string describe() const {
     return "stage " + std::to_string(stage) + " " + optimizer + " " + dist::sync_strategy_name(strategy) +
            (find_unused_parameters ? " unused" : "") + (bucket_cap_mb ? " small buckets" : " one bucket") + " " +
-           dtype_name(dtype) + (clip > 0 ? " clip" : "");
+           dtype_name(dtype) + (clip > 0 ? " clip" : "") + " on " + device.str();
   }
 };
 
@@ -39,16 +40,16 @@ struct ZeroCase {
 struct ShardModel {
   ParameterRegistry registry;
   std::vector<Parameter*> parameters;
-  explicit ShardModel(DType dtype) {
+  explicit ShardModel(DType dtype, Device device = Device::cpu()) {
     for (const auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
              {"embedding", {13, 7}}, {"weight", {37}}, {"bias", {1}}, {"head", {5, 11}}, {"scale", {129}}}) {
-      parameters.push_back(&registry.add(name, shape, dtype));
+      parameters.push_back(&registry.add(name, shape, dtype, device));
     }
     registry.finalize();
     for (std::size_t k = 0; k < parameters.size(); ++k) {
       std::vector<double> init(static_cast<std::size_t>(parameters[k]->numel()));
       for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.05 * std::sin(1.7 * static_cast<double>(i) + static_cast<double>(k));
-      parameters[k]->value().copy_from(Tensor::from_vector(init, parameters[k]->shape()).to(dtype));
+      parameters[k]->value().copy_from(Tensor::from_vector(init, parameters[k]->shape()).to(dtype).to(device));
     }
   }
   // Every parameter's values, in registration order.
@@ -70,7 +71,7 @@ struct ShardModel {
       for (std::size_t i = 0; i < g.size(); ++i) {
         g[i] = 0.3 * v[i] + 0.02 * (rank + 1) * std::cos(0.37 * static_cast<double>(i) + step + 0.5 * micro + static_cast<double>(k));
       }
-      p.accumulate_grad(Tensor::from_vector(g, p.shape()).to(p.grad_dtype()));
+      p.accumulate_grad(Tensor::from_vector(g, p.shape()).to(p.grad_dtype()).to(p.device()));
       registry.mark_ready(p);
     }
   }
@@ -93,15 +94,16 @@ inline std::unique_ptr<optim::Optimizer> make_zero_test_optimizer(const std::str
 inline std::vector<char> arena_bytes(const ParameterRegistry& registry) {
   std::vector<char> bytes;
   for (const Arena& arena : registry.arenas()) {
-    const char* data = static_cast<const char*>(arena.values.data());
-    bytes.insert(bytes.end(), data, data + arena.values.nbytes());
+    const Tensor host = arena.values.to(Device::cpu());
+    const char* data = static_cast<const char*>(host.data());
+    bytes.insert(bytes.end(), data, data + host.nbytes());
   }
   return bytes;
 }
 
 // Trains `c.steps` steps of 2 microbatches; `zero_stage` 0 is plain DataParallel.
 inline std::vector<char> train_sharded(comm::Communicator& comm, const ZeroCase& c, int zero_stage) {
-  ShardModel model(c.dtype);
+  ShardModel model(c.dtype, c.device);
   const optim::MasterWeights master = c.dtype == DType::f32 ? optim::MasterWeights::none : optim::MasterWeights::f32;
   std::unique_ptr<optim::Optimizer> optimizer = make_zero_test_optimizer(c.optimizer, model.registry, master);
   dist::DataParallel ddp(model.registry, comm,
@@ -169,7 +171,7 @@ inline void zero_matches_unsharded(comm::Communicator& comm, const ZeroCase& c) 
   const std::vector<double> values = as_doubles(sharded, c.dtype);
   Tensor mine = Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())});
   Tensor all = Tensor::empty({mine.numel() * comm.size()}, DType::f64);
-  comm.allgather(mine, all);
+  comm.allgather_host(mine, all);
   for (int r = 0; r < comm.size(); ++r) {
     EXPECT_EQ(std::memcmp(static_cast<const char*>(all.data()) + r * mine.nbytes(), mine.data(), mine.nbytes()), 0)
         << "rank " << comm.rank() << " and rank " << r << " hold different weights";

@@ -57,6 +57,11 @@ TEST_P(DeviceWorld, TrainingEquivalenceMissingGradientsAndReadyOrders) {
   });
 }
 
+TEST_P(DeviceWorld, ZeroAndJoin) {
+  GRADSYNC_SKIP_UNLESS_USABLE(device());
+  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { testing::zero_and_join(comm, device()); });
+}
+
 // The collectives themselves on device tensors (staged), beside the host ones.
 TEST_P(DeviceWorld, EveryCollectiveOnDeviceTensors) {
   GRADSYNC_SKIP_UNLESS_USABLE(device());
