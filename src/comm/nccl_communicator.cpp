@@ -136,7 +136,10 @@ class NcclState {
 
   // A newly queued operation, done when `event` (recorded after it) completes.
   std::shared_ptr<OperationLedger::Operation> track(const std::string& what, std::shared_ptr<Event> event) {
-    return ledger_.track(what, [event] { return cudaEventQuery(event->get()) == cudaSuccess; });
+    return ledger_.track(what, [event, device = device_] {
+      detail::CudaDeviceGuard current(device);  // whichever thread asks
+      return cudaEventQuery(event->get()) == cudaSuccess;
+    });
   }
 
   // Waits for a tracked operation: polls its event and NCCL's asynchronous error state;

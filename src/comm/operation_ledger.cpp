@@ -58,7 +58,13 @@ void OperationLedger::fail(const std::string& message) {
       broken_ = message;
       for (const std::weak_ptr<Operation>& entry : in_flight_) {
         if (auto operation = entry.lock(); operation && operation->verdict_ == Verdict::pending) {
-          operation->verdict_ = operation->completed_() ? Verdict::succeeded : Verdict::lost;
+          bool completed = false;
+          try {
+            completed = operation->completed_();
+          } catch (...) {
+            // A device that cannot even say: the operation is lost, and the abort must still run.
+          }
+          operation->verdict_ = completed ? Verdict::succeeded : Verdict::lost;
         }
       }
       in_flight_.clear();

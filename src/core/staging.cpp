@@ -181,15 +181,24 @@ void trim_staging_pool() { pool().trim(); }
 
 namespace {
 
+// An event on one device; queried with that device current (the polling thread may be any:
+// the communication thread, a Work's waiter, a destructor).
 class EventFence final : public CopyFence {
  public:
-  EventFence() { GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  explicit EventFence(int device) : device_(device) {
+    CudaDeviceGuard guard(device_);
+    GRADSYNC_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
   ~EventFence() override { cudaEventDestroy(event_); }
   cudaEvent_t event() const { return event_; }
 
-  bool done() const override { return cudaEventQuery(event_) == cudaSuccess; }
+  bool done() const override {
+    CudaDeviceGuard guard(device_);
+    return cudaEventQuery(event_) == cudaSuccess;
+  }
 
   void wait(std::chrono::steady_clock::time_point deadline, const std::string& what) const override {
+    CudaDeviceGuard guard(device_);
     for (int polls = 0;; ++polls) {
       const cudaError_t status = cudaEventQuery(event_);
       if (status == cudaSuccess) return;
@@ -209,6 +218,7 @@ class EventFence final : public CopyFence {
   }
 
  private:
+  int device_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -233,7 +243,7 @@ StagingStream::~StagingStream() {
 
 void StagingStream::order_after_current_stream() {
   CudaDeviceGuard guard(device_.index);
-  EventFence caller;
+  EventFence caller(device_.index);
   void* current = current_cuda_stream(device_);
   GRADSYNC_CUDA_CHECK(cudaEventRecord(caller.event(), current != nullptr ? as_stream(current) : cudaStreamLegacy));
   GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), caller.event(), 0));
@@ -248,16 +258,9 @@ void StagingStream::copy_async(void* destination, const void* source, std::size_
 
 std::shared_ptr<CopyFence> StagingStream::record() {
   CudaDeviceGuard guard(device_.index);
-  auto fence = std::make_shared<EventFence>();
+  auto fence = std::make_shared<EventFence>(device_.index);
   GRADSYNC_CUDA_CHECK(cudaEventRecord(fence->event(), as_stream(stream_)));
   return fence;
-}
-
-void StagingStream::make_current_stream_wait(const CopyFence& fence) {
-  CudaDeviceGuard guard(device_.index);
-  void* current = current_cuda_stream(device_);
-  GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(current != nullptr ? as_stream(current) : cudaStreamLegacy,
-                                          static_cast<const EventFence&>(fence).event(), 0));
 }
 
 #else  // built without CUDA: no device tensor can exist, so no stream is ever asked for
@@ -269,7 +272,6 @@ StagingStream::~StagingStream() = default;
 void StagingStream::order_after_current_stream() {}
 void StagingStream::copy_async(void*, const void*, std::size_t) {}
 std::shared_ptr<CopyFence> StagingStream::record() { return nullptr; }
-void StagingStream::make_current_stream_wait(const CopyFence&) {}
 
 #endif
 

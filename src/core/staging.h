@@ -87,8 +87,6 @@ class StagingStream {
   void copy_async(void* destination, const void* source, std::size_t nbytes);
   // A fence after everything queued so far.
   std::shared_ptr<CopyFence> record();
-  // The calling thread's current stream waits for `fence` (without blocking the host).
-  void make_current_stream_wait(const CopyFence& fence);
 
  private:
   Device device_;

@@ -71,6 +71,15 @@ TEST(OperationLedger, ATimedOutWaitAbortsOnceAndEverythingLaterNamesIt) {
   EXPECT_NE(f.ledger.broken_reason().find("allreduce #7"), std::string::npos);
 }
 
+// A device that errors when asked (a sticky CUDA error): the abort still runs, the operation is lost.
+TEST(OperationLedger, AQueryThatThrowsDuringTheFailureStillAborts) {
+  LedgerFixture f;
+  auto operation = f.ledger.track("allreduce #4", [] () -> bool { throw Error("cudaErrorIllegalAddress"); });
+  EXPECT_GRADSYNC_ERROR(f.ledger.fail("allreduce #3 failed asynchronously"), "allreduce #3");
+  EXPECT_EQ(f.aborts.load(), 1);
+  EXPECT_EQ(f.ledger.poll(*operation), Verdict::lost);
+}
+
 TEST(OperationLedger, TheProbeCanFailTheWait) {
   LedgerFixture f;
   auto operation = f.ledger.track("send p2p#0", [] { return false; });
