@@ -81,7 +81,6 @@ class Staging {
     return entries_.back().host;
   }
 
-  bool active() const { return !entries_.empty(); }
   Device device() const { return entries_.front().device.device(); }
   std::string first_tensor() const { return entries_.front().device.describe(); }
 
@@ -487,8 +486,7 @@ class CpuCommunicator final : public Communicator {
     // The new backend is made on the communication thread, in sequence with everything else.
     auto child = std::make_shared<std::unique_ptr<Backend>>();
     Backend& backend = engine_->backend();
-    submit(Descriptor::of(OpKind::duplicate, DType::i64, 0), [&backend, child] { *child = backend.duplicate(); },
-           std::make_shared<Staging>())
+    submit(Descriptor::of(OpKind::duplicate, DType::i64, 0), [&backend, child] { *child = backend.duplicate(); }, nullptr)
         ->wait();
     return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options());
   }
@@ -498,8 +496,8 @@ class CpuCommunicator final : public Communicator {
   WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) override {
     require_device(*this, "allreduce", tensor);
     require_reducible("allreduce", op, tensor);
-    auto staging = std::make_shared<Staging>();
-    Tensor target = staging->add(tensor, true, true);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor target = stage(staging, tensor, true, true);
     return submit(Descriptor::of(OpKind::allreduce, tensor.dtype(), tensor.numel(), -1, static_cast<std::int64_t>(op)),
                   [this, target, op]() mutable { reduce_in_place(target, op); }, std::move(staging));
   }
@@ -507,9 +505,9 @@ class CpuCommunicator final : public Communicator {
   WorkHandle broadcast_async(Tensor& tensor, int root) override {
     require_device(*this, "broadcast", tensor);
     require_rank(*this, "broadcast", root, "root");
-    auto staging = std::make_shared<Staging>();
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
     // Only the root's values travel; the others' are overwritten.
-    Tensor target = staging->add(tensor, rank() == root, rank() != root);
+    Tensor target = stage(staging, tensor, rank() == root, rank() != root);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::broadcast, tensor.dtype(), tensor.numel(), root),
                   [&backend, target, root] { backend.broadcast(target.data(), target.numel(), target.dtype(), root); },
@@ -518,9 +516,9 @@ class CpuCommunicator final : public Communicator {
 
   WorkHandle allgather_async(const Tensor& input, Tensor& output) override {
     require_allgather(*this, input, output);
-    auto staging = std::make_shared<Staging>();
-    Tensor in = staging->add(input, true, false);
-    Tensor out = staging->add(output, false, true);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor in = stage(staging, input, true, false);
+    Tensor out = stage(staging, output, false, true);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::allgather, input.dtype(), input.numel()),
                   [&backend, in, out] { backend.allgather(in.data(), out.data(), in.numel(), in.dtype()); },
@@ -529,9 +527,9 @@ class CpuCommunicator final : public Communicator {
 
   WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override {
     const std::int64_t total = require_allgatherv(*this, input, output, counts);
-    auto staging = std::make_shared<Staging>();
-    Tensor in = staging->add(input, true, false);
-    Tensor out = staging->add(output, false, true);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor in = stage(staging, input, true, false);
+    Tensor out = stage(staging, output, false, true);
     Backend& backend = engine_->backend();
     return submit(Descriptor::of(OpKind::allgatherv, input.dtype(), total),
                   [&backend, in, out, counts] { backend.allgatherv(in.data(), out.data(), counts, in.dtype()); },
@@ -540,9 +538,9 @@ class CpuCommunicator final : public Communicator {
 
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
     require_reduce_scatter(*this, input, output, op);
-    auto staging = std::make_shared<Staging>();
-    Tensor in = staging->add(input, true, false);
-    Tensor out = staging->add(output, false, true);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor in = stage(staging, input, true, false);
+    Tensor out = stage(staging, output, false, true);
     return submit(Descriptor::of(OpKind::reduce_scatter, input.dtype(), input.numel(), -1, static_cast<std::int64_t>(op)),
                   [this, in, out, op]() mutable {
                     engine_->backend().reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(), backend_op(op));
@@ -554,9 +552,9 @@ class CpuCommunicator final : public Communicator {
   WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) override {
     const std::int64_t total = require_coalesced(*this, tensors, op);
     const DType dtype = tensors[0].dtype();
-    auto staging = std::make_shared<Staging>();
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
     std::vector<Tensor> targets;
-    for (const Tensor& tensor : tensors) targets.push_back(staging->add(tensor, true, true));
+    for (const Tensor& tensor : tensors) targets.push_back(stage(staging, tensor, true, true));
     return submit(Descriptor::of(OpKind::coalesced, dtype, total, -1, static_cast<std::int64_t>(op)),
                   [this, targets, total, dtype, op]() mutable {
                     // One flat buffer: one collective instead of one per tensor.
@@ -578,15 +576,14 @@ class CpuCommunicator final : public Communicator {
 
   WorkHandle barrier_async() override {
     Backend& backend = engine_->backend();
-    return submit(Descriptor::of(OpKind::barrier, DType::f32, 0), [&backend] { backend.barrier(); },
-                  std::make_shared<Staging>());
+    return submit(Descriptor::of(OpKind::barrier, DType::f32, 0), [&backend] { backend.barrier(); }, nullptr);
   }
 
   WorkHandle send_async(const Tensor& tensor, int peer, int tag) override {
     require_device(*this, "send", tensor);
     require_peer(*this, "send", peer);
-    auto staging = std::make_shared<Staging>();
-    Tensor source = staging->add(tensor, true, false);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor source = stage(staging, tensor, true, false);
     Backend& backend = engine_->backend();
     return submit_p2p("send", tensor, peer, tag,
                       [&backend, source, peer, tag] { backend.send(source.data(), source.nbytes(), peer, tag); },
@@ -596,8 +593,8 @@ class CpuCommunicator final : public Communicator {
   WorkHandle recv_async(Tensor& tensor, int peer, int tag) override {
     require_device(*this, "recv", tensor);
     require_peer(*this, "recv", peer);
-    auto staging = std::make_shared<Staging>();
-    Tensor target = staging->add(tensor, false, true);
+    std::shared_ptr<Staging> staging;  // made only for a device tensor
+    Tensor target = stage(staging, tensor, false, true);
     Backend& backend = engine_->backend();
     return submit_p2p("recv", tensor, peer, tag,
                       [&backend, target, peer, tag] { backend.recv(target.data(), target.nbytes(), peer, tag); },
@@ -605,14 +602,22 @@ class CpuCommunicator final : public Communicator {
   }
 
  private:
+  // The tensor a collective's body works on: `tensor` itself on the host (no staging object, no
+  // cost for host collectives), else its pinned host stand-in.
+  static Tensor stage(std::shared_ptr<Staging>& staging, const Tensor& tensor, bool copy_in, bool copy_out) {
+    if (tensor.device().is_cpu()) return tensor;
+    if (staging == nullptr) staging = std::make_shared<Staging>();
+    return staging->add(tensor, copy_in, copy_out);
+  }
+
   WorkHandle submit(const Descriptor& descriptor, std::function<void()> body, std::shared_ptr<Staging> staging) {
-    if (!staging->active()) return engine_->submit_collective(descriptor, std::move(body), nullptr);
+    if (staging == nullptr) return engine_->submit_collective(descriptor, std::move(body), nullptr);
     return engine_->submit_collective(descriptor, staged(std::move(body), staging, op_kind_name(descriptor.kind)), staging);
   }
 
   WorkHandle submit_p2p(const char* op, const Tensor& tensor, int peer, int tag, std::function<void()> body,
                         std::shared_ptr<Staging> staging) {
-    if (!staging->active()) return engine_->submit_p2p(op, tensor, peer, tag, std::move(body), nullptr);
+    if (staging == nullptr) return engine_->submit_p2p(op, tensor, peer, tag, std::move(body), nullptr);
     return engine_->submit_p2p(op, tensor, peer, tag, staged(std::move(body), staging, op), staging);
   }
 
