@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "device_scenarios.h"
 #include "dist_scenarios.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/data_parallel.h"
@@ -26,13 +27,14 @@ using namespace std::chrono_literals;
 struct Scalars {
   ParameterRegistry registry;
   std::vector<Parameter*> w;
-  explicit Scalars(int count, bool find_unused = true) {
-    (void)find_unused;
-    for (int i = 0; i < count; ++i) w.push_back(&registry.add("w" + std::to_string(i + 1), {1}));
+  Device device;
+  explicit Scalars(int count, Device device_ = Device::cpu()) : device(device_) {
+    for (int i = 0; i < count; ++i) w.push_back(&registry.add("w" + std::to_string(i + 1), {1}, DType::f32, device));
     registry.finalize();
   }
   void use(int i, double gradient) {
-    w[static_cast<std::size_t>(i)]->accumulate_grad(Tensor::from_vector(std::vector<double>{gradient}, {1}).to(DType::f32));
+    w[static_cast<std::size_t>(i)]->accumulate_grad(
+        Tensor::from_vector(std::vector<double>{gradient}, {1}).to(DType::f32).to(device));
     registry.mark_ready(*w[static_cast<std::size_t>(i)]);
   }
   // The gradients as Composer's test reads them, with undefined as NaN.
@@ -57,9 +59,9 @@ void expect_grads(const std::string& what, const std::vector<double>& actual, co
 // Item 4: after a synced step every rank holds the same bits.
 void expect_bitwise_equal_across_ranks(Communicator& comm, ParameterRegistry& registry) {
   for (const Arena& arena : registry.arenas()) {
-    Tensor mine = arena.grads;
+    Tensor mine = arena.grads.to(Device::cpu());  // compared on the host, whatever the device
     Tensor all = Tensor::empty({mine.numel() * comm.size()}, mine.dtype());
-    comm.allgather(mine, all);
+    comm.allgather_host(mine, all);
     for (int r = 0; r < comm.size(); ++r) {
       EXPECT_EQ(std::memcmp(static_cast<const char*>(all.data()) + r * mine.nbytes(), mine.data(), mine.nbytes()), 0)
           << "rank " << comm.rank() << " and rank " << r << " hold different gradient bits";
@@ -69,8 +71,19 @@ void expect_bitwise_equal_across_ranks(Communicator& comm, ParameterRegistry& re
 
 const double kUndefined = std::nan("");
 
+// The DDP checklist with the parameters on the host and, where a GPU is usable, on cuda (CUDA
+// tensors staged through Gloo); the CUDA instances skip, saying why, elsewhere.
+class DataParallelOn : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { GRADSYNC_SKIP_UNLESS_USABLE(device()); }
+  Device device() const { return Device::parse(GetParam()); }
+};
+INSTANTIATE_TEST_SUITE_P(Devices, DataParallelOn, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return std::string(info.param); });
+
 // Items 1-3: the three Composer strategy cases, checked inside each microbatch context and after.
-TEST(SyncStrategies, ComposerCases) {
+TEST_P(DataParallelOn, ComposerCases) {
+  const Device device = this->device();
   struct Case {
     DDPSyncStrategy strategy;
     std::vector<double> mb0, mb1, after;  // rank 0's view; rank 1's local values are -2
@@ -82,7 +95,7 @@ TEST(SyncStrategies, ComposerCases) {
   };
   for (const Case& c : cases) {
     comm::run_gloo_thread_group(2, [&](Communicator& comm) {
-      Scalars model(3);
+      Scalars model(3, device);
       DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
       const double t = comm.rank() + 1.0;
       const auto local = [&](std::vector<double> values) {  // rank 1's local values are twice rank 0's
@@ -106,9 +119,10 @@ TEST(SyncStrategies, ComposerCases) {
 }
 
 // Item 5: FORCED when the ranks differ in which gradients exist: no hang, the right values.
-TEST(SyncStrategies, ForcedWithRankDependentUndefinedGradients) {
-  comm::run_gloo_thread_group(2, [](Communicator& comm) {
-    Scalars model(2);
+TEST_P(DataParallelOn, ForcedWithRankDependentUndefinedGradients) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(2, [device](Communicator& comm) {
+    Scalars model(2, device);
     DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
     const double g = comm.rank() == 0 ? 3.0 : 5.0;
     {
@@ -134,13 +148,14 @@ TEST(SyncStrategies, ParsingAndDefaults) {
 
 // All strategies give the same gradients (here bitwise: SINGLE and FORCED reduce the same
 // accumulated sums; MULTI within float tolerance), and AUTO picks one, the same everywhere.
-TEST(SyncStrategies, AllStrategiesAgreeAndAutoChoosesOneEverywhere) {
-  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+TEST_P(DataParallelOn, AllStrategiesAgreeAndAutoChoosesOneEverywhere) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(3, [device](Communicator& comm) {
     const int microbatches = 4;
     std::vector<std::vector<double>> results;
     for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
                                            DDPSyncStrategy::forced_sync, DDPSyncStrategy::auto_select}) {
-      testing::Regression model(64 * comm.size());
+      testing::Regression model(64 * comm.size(), DType::f32, device);
       DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
       int used = -1;
       for (int window = 0; window < (strategy == DDPSyncStrategy::auto_select ? 9 : 1); ++window) {
@@ -172,13 +187,14 @@ TEST(SyncStrategies, AllStrategiesAgreeAndAutoChoosesOneEverywhere) {
 }
 
 // Item 9: equivalence with single-process training, default and tiny buckets, SGD and Adam.
-TEST(DataParallel, EquivalenceWithSingleProcess) {
+TEST_P(DataParallelOn, EquivalenceWithSingleProcess) {
+  const Device device = this->device();
   for (const int size : {1, 2, 3, 4}) {
-    comm::run_gloo_thread_group(size, [](Communicator& comm) {
+    comm::run_gloo_thread_group(size, [device](Communicator& comm) {
       for (const bool tiny : {false, true}) {
         const std::int64_t per_rank = 5;
         const std::int64_t batch = per_rank * comm.size();
-        testing::Regression distributed(batch * 4);
+        testing::Regression distributed(batch * 4, DType::f32, device);
         testing::Regression single(batch * 4);
         DataParallel ddp(distributed.registry, comm,
                          {.bucket_cap_mb = tiny ? std::optional<double>(1e-6) : std::nullopt});
@@ -207,18 +223,21 @@ TEST(DataParallel, EquivalenceWithSingleProcess) {
 }
 
 // Item 9 with microbatches under each strategy, worlds 1-4.
-TEST(DataParallel, EquivalenceWithMicrobatchesUnderEachStrategy) {
-  for (const int size : {1, 2, 3, 4}) comm::run_gloo_thread_group(size, [](Communicator& comm) { testing::data_parallel_equivalence(comm); });
+TEST_P(DataParallelOn, EquivalenceWithMicrobatchesUnderEachStrategy) {
+  const Device device = this->device();
+  for (const int size : {1, 2, 3, 4}) comm::run_gloo_thread_group(size, [device](Communicator& comm) { testing::data_parallel_equivalence(comm, device); });
 }
 
-TEST(DataParallel, MissingGradientOnTheLastRank) {
-  for (const int size : {2, 3}) comm::run_gloo_thread_group(size, [](Communicator& comm) { testing::data_parallel_missing_gradient(comm); });
+TEST_P(DataParallelOn, MissingGradientOnTheLastRank) {
+  const Device device = this->device();
+  for (const int size : {2, 3}) comm::run_gloo_thread_group(size, [device](Communicator& comm) { testing::data_parallel_missing_gradient(comm, device); });
 }
 
 // Item 11: no_sync accumulates locally; the next synced backward reduces the accumulated sum.
-TEST(DataParallel, NoSyncAccumulation) {
-  comm::run_gloo_thread_group(2, [](Communicator& comm) {
-    Scalars model(1);
+TEST_P(DataParallelOn, NoSyncAccumulation) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(2, [device](Communicator& comm) {
+    Scalars model(1, device);
     DataParallel ddp(model.registry, comm);
     const double g = comm.rank() == 0 ? 1.0 : 3.0;
     {
@@ -239,9 +258,10 @@ TEST(DataParallel, NoSyncAccumulation) {
 }
 
 // Item 12: rank-dependent layers under no_sync, find_unused: every gradient defined and equal.
-TEST(DataParallel, RankDependentLayersUnderNoSync) {
-  comm::run_gloo_thread_group(2, [](Communicator& comm) {
-    Scalars model(4);
+TEST_P(DataParallelOn, RankDependentLayersUnderNoSync) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(2, [device](Communicator& comm) {
+    Scalars model(4, device);
     DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
     for (int mb = 0; mb < 2; ++mb) {
       auto context = dist::ddp_sync_context(ddp, mb == 1, DDPSyncStrategy::single_auto_sync);
@@ -256,10 +276,11 @@ TEST(DataParallel, RankDependentLayersUnderNoSync) {
 }
 
 // Items 13-16: global versus local unused, and the used map.
-TEST(DataParallel, GlobalVersusLocalUnusedAndTheUsedMap) {
+TEST_P(DataParallelOn, GlobalVersusLocalUnusedAndTheUsedMap) {
+  const Device device = this->device();
   for (const int size : {1, 2, 3}) {
-    comm::run_gloo_thread_group(size, [](Communicator& comm) {
-      Scalars model(3);  // w1: rank 0 only; w2: the other ranks; w3: nobody
+    comm::run_gloo_thread_group(size, [device](Communicator& comm) {
+      Scalars model(3, device);  // w1: rank 0 only; w2: the other ranks; w3: nobody
       DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
       ddp.begin_backward();
       if (comm.rank() == 0) {
@@ -278,12 +299,13 @@ TEST(DataParallel, GlobalVersusLocalUnusedAndTheUsedMap) {
 // Item 15 and docs/semantics/ddp.md section 6, item 4: a missing gradient without find_unused is an error at the
 // end of that backward on the rank that missed it (naming the parameter), and on the others
 // (naming that rank), with no hang.
-TEST(DataParallel, MissingGradientIsAnErrorOnEveryRankNotAHang) {
+TEST_P(DataParallelOn, MissingGradientIsAnErrorOnEveryRankNotAHang) {
+  const Device device = this->device();
   std::mutex mutex;
   std::vector<std::string> messages(2);
   const auto start = std::chrono::steady_clock::now();
   comm::run_gloo_thread_group(2, [&](Communicator& comm) {
-    Scalars model(2);
+    Scalars model(2, device);
     DataParallel ddp(model.registry, comm);
     ddp.begin_backward();
     model.use(0, 1.0);
@@ -303,9 +325,10 @@ TEST(DataParallel, MissingGradientIsAnErrorOnEveryRankNotAHang) {
 }
 
 // Item 18: ready twice in one backward.
-TEST(DataParallel, ReadyTwiceIsAnErrorNamingTheParameter) {
-  comm::run_gloo_thread_group(1, [](Communicator& comm) {
-    Scalars model(2);
+TEST_P(DataParallelOn, ReadyTwiceIsAnErrorNamingTheParameter) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(1, [device](Communicator& comm) {
+    Scalars model(2, device);
     DataParallel ddp(model.registry, comm);
     ddp.begin_backward();
     model.use(1, 1.0);
@@ -314,10 +337,11 @@ TEST(DataParallel, ReadyTwiceIsAnErrorNamingTheParameter) {
 }
 
 // Items 21-22: hooks.
-TEST(DataParallel, CommHooksAndCompression) {
-  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+TEST_P(DataParallelOn, CommHooksAndCompression) {
+  const Device device = this->device();
+  comm::run_gloo_thread_group(2, [device](Communicator& comm) {
     {
-      Scalars model(2);
+      Scalars model(2, device);
       DataParallel ddp(model.registry, comm);
       ddp.register_comm_hook([](Communicator& c, Tensor& flat, const dist::BucketInfo&) {
         ops::fill(flat, 2.0);  // the hook decides the result; nothing is pre-divided
@@ -332,7 +356,7 @@ TEST(DataParallel, CommHooksAndCompression) {
       expect_grads("hook", model.grads(), {2.0, 2.0});
     }
     for (const auto compression : {dist::Compression::fp16, dist::Compression::bf16}) {
-      Scalars model(2);
+      Scalars model(2, device);
       DataParallel ddp(model.registry, comm, {.compression = compression});
       EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator& c, Tensor&, const dist::BucketInfo&) {
         return c.barrier_async();
@@ -350,24 +374,25 @@ TEST(DataParallel, CommHooksAndCompression) {
 }
 
 // Items 23-24: verification and the initial broadcast (parameters and buffers).
-TEST(DataParallel, VerificationAndInitialBroadcast) {
-  EXPECT_GRADSYNC_ERROR(comm::run_gloo_thread_group(2, [](Communicator& comm) {
+TEST_P(DataParallelOn, VerificationAndInitialBroadcast) {
+  const Device device = this->device();
+  EXPECT_GRADSYNC_ERROR(comm::run_gloo_thread_group(2, [device](Communicator& comm) {
     ParameterRegistry registry;
-    registry.add("fc.weight", {comm.rank() == 0 ? 100 : 10, 1});
+    registry.add("fc.weight", {comm.rank() == 0 ? 100 : 10, 1}, DType::f32, device);
     registry.finalize();
     DataParallel ddp(registry, comm);
   }), "do not hold the same parameters", "'fc.weight' f32[100, 1]", "'fc.weight' f32[10, 1]");
-  EXPECT_GRADSYNC_ERROR(comm::run_gloo_thread_group(2, [](Communicator& comm) {
+  EXPECT_GRADSYNC_ERROR(comm::run_gloo_thread_group(2, [device](Communicator& comm) {
     ParameterRegistry registry;
-    registry.add("a", {2});
-    if (comm.rank() == 1) registry.add("b", {2});
+    registry.add("a", {2}, DType::f32, device);
+    if (comm.rank() == 1) registry.add("b", {2}, DType::f32, device);
     registry.finalize();
     DataParallel ddp(registry, comm);
   }), "Parameter #1", "absent (1 parameters)", "'b' f32[2]");
-  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+  comm::run_gloo_thread_group(3, [device](Communicator& comm) {
     ParameterRegistry registry;
-    Parameter& w = registry.add("w", {4});
-    Parameter& buffer = registry.add("running_mean", {2}, DType::f32, Device::cpu(), /*requires_grad=*/false);
+    Parameter& w = registry.add("w", {4}, DType::f32, device);
+    Parameter& buffer = registry.add("running_mean", {2}, DType::f32, device, /*requires_grad=*/false);
     registry.finalize();
     w.value().copy_from(testing::random_tensor(4, DType::f32, 100 + static_cast<unsigned>(comm.rank())));
     ops::fill(buffer.value(), comm.rank());
@@ -389,20 +414,21 @@ namespace {
 // master weights and one unused parameter (undefined everywhere, skipped by the norm): every
 // rank computes the same total, equal to the norm of the mean gradient computed here by hand,
 // and the step uses the clipped mean.
-TEST(DataParallel, ClipGradNormAfterTheSynchronizedBackward) {
+TEST_P(DataParallelOn, ClipGradNormAfterTheSynchronizedBackward) {
+  const Device device = this->device();
   for (const int size : {1, 2, 3}) {
-    comm::run_gloo_thread_group(size, [](Communicator& comm) {
+    comm::run_gloo_thread_group(size, [device](Communicator& comm) {
       ParameterRegistry registry;
-      Parameter& a = registry.add("a", {3}, DType::bf16);
-      Parameter& unused = registry.add("unused", {2}, DType::bf16);
-      Parameter& b = registry.add("b", {2}, DType::bf16, Device::cpu(), true, DType::f32);
+      Parameter& a = registry.add("a", {3}, DType::bf16, device);
+      Parameter& unused = registry.add("unused", {2}, DType::bf16, device);
+      Parameter& b = registry.add("b", {2}, DType::bf16, device, true, DType::f32);
       registry.finalize();
       DataParallel ddp(registry, comm, {.find_unused_parameters = true});
       optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0}, optim::MasterWeights::f32);
       // Rank r's gradients: small integers (exact in bf16, exact sums).
       const double r = comm.rank();
-      a.set_grad(Tensor::from_vector(std::vector<double>{1 + r, -2, 2 * r}, {3}).to(DType::bf16));
-      b.set_grad(Tensor::from_vector(std::vector<double>{4 * r, 3}, {2}).to(DType::f32));
+      a.set_grad(Tensor::from_vector(std::vector<double>{1 + r, -2, 2 * r}, {3}).to(DType::bf16).to(device));
+      b.set_grad(Tensor::from_vector(std::vector<double>{4 * r, 3}, {2}).to(DType::f32).to(device));
       ddp.begin_backward();
       registry.mark_ready(b);
       registry.mark_ready(a);
@@ -432,18 +458,19 @@ namespace {
 
 // A NaN gradient on one rank reaches every rank through the allreduce, and clipping with
 // error_if_nonfinite raises the same error on every rank, naming the parameter.
-TEST(DataParallel, NonFiniteNormIsTheSameErrorOnEveryRank) {
+TEST_P(DataParallelOn, NonFiniteNormIsTheSameErrorOnEveryRank) {
+  const Device device = this->device();
   std::mutex mutex;
   std::vector<std::string> messages;
   comm::run_gloo_thread_group(3, [&](Communicator& comm) {
     ParameterRegistry registry;
-    Parameter& a = registry.add("a", {2});
-    Parameter& b = registry.add("b", {2});
+    Parameter& a = registry.add("a", {2}, DType::f32, device);
+    Parameter& b = registry.add("b", {2}, DType::f32, device);
     registry.finalize();
     DataParallel ddp(registry, comm);
     optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0});
-    a.set_grad(Tensor::from_vector(std::vector<float>{1.0f, 2.0f}, {2}));
-    b.set_grad(Tensor::from_vector(std::vector<float>{comm.rank() == 1 ? NAN : 1.0f, 2.0f}, {2}));
+    a.set_grad(Tensor::from_vector(std::vector<float>{1.0f, 2.0f}, {2}).to(device));
+    b.set_grad(Tensor::from_vector(std::vector<float>{comm.rank() == 1 ? NAN : 1.0f, 2.0f}, {2}).to(device));
     ddp.begin_backward();
     registry.mark_ready(b);
     registry.mark_ready(a);
