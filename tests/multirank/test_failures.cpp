@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "dist_scenarios.h"
+#include "join_scenarios.h"
+#include "zero_scenarios.h"
 #include "gradsync/comm/gloo.h"
 
 namespace gradsync {
@@ -312,6 +314,91 @@ TEST(DataParallelFailure, AutoCountsAWindowThatARankLeftByAnException) {
     EXPECT_EQ(all.to_double_vector()[0], all.to_double_vector()[1]);
     EXPECT_NE(last, dist::DDPSyncStrategy::auto_select);
   });
+}
+
+// ---- a peer that dies in the middle of ZeRO's gathers or of a Join's shadow steps -----------
+
+// A rank that dies (its thread unwinds: its DataParallel, ZeroOptimizer and communicators go,
+// closing their connections) right before the step's gathers: every other rank's step fails
+// with an error naming the lost peer, well before the timeout, instead of waiting on a gather
+// that will never complete.
+TEST(PeerDeath, DuringZeroGathersIsAnErrorOnEveryOtherRankNotAHang) {
+  for (const int stage : {1, 2}) {
+    PerRank survivors(3);
+    const auto start = Clock::now();
+    try {
+      comm::run_gloo_thread_group(
+          3,
+          [&](Communicator& comm) {
+            testing::ShardModel model(DType::f32);
+            auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+            dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
+            dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
+            for (int step = 0; step < 3; ++step) {
+              ddp.begin_backward();
+              model.backward(comm.rank(), step, 0, nullptr);
+              ddp.end_backward();
+              if (step == 2 && comm.rank() == 2) throw std::runtime_error("rank 2 died");
+              if (comm.rank() != 2 || step < 2) {
+                survivors.run(comm.rank(), [&] {
+                  zero.step();
+                  zero.zero_grad();
+                });
+                if (!survivors.message(comm.rank()).empty()) return;
+              }
+            }
+          },
+          {.timeout = 20000ms});
+      ADD_FAILURE() << "the dying rank's exception did not surface";
+    } catch (const std::runtime_error& error) {
+      EXPECT_STREQ(error.what(), "rank 2 died");
+    }
+    EXPECT_LT(seconds_since(start), 15.0) << "stage " << stage << ": the survivors waited for the timeout";
+    for (const int rank : {0, 1}) {
+      EXPECT_FALSE(survivors.message(rank).empty()) << "stage " << stage << ": rank " << rank << " did not fail";
+      EXPECT_NE(survivors.message(rank).find("rank "), std::string::npos) << survivors.message(rank);
+    }
+  }
+}
+
+// Rank 0 runs out of batches and shadows the others' steps inside a Join; rank 2 then dies.
+// The shadowing rank and the other active rank fail naming the lost peer; nobody hangs.
+TEST(PeerDeath, WhileARankShadowsInsideAJoinIsAnErrorNotAHang) {
+  PerRank survivors(3);
+  const auto start = Clock::now();
+  try {
+    comm::run_gloo_thread_group(
+        3,
+        [&](Communicator& comm) {
+          testing::Regression model(64);
+          optim::SGD sgd(model.registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0,
+                                                             .weight_decay = 0.0, .nesterov = false, .maximize = false});
+          dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+          const int batches = comm.rank() == 0 ? 1 : 4;
+          survivors.run(comm.rank(), [&] {
+            dist::Join join(ddp, {}, &sgd);
+            for (int step = 0; step < batches; ++step) {
+              if (comm.rank() == 2 && step == 2) throw std::runtime_error("rank 2 died");
+              ddp.begin_backward();
+              model.backward(step * 4, step * 4 + 4);
+              ddp.end_backward();
+              sgd.step();
+              sgd.zero_grad();
+            }
+            join.join();
+          });
+          if (comm.rank() == 2) throw std::runtime_error(survivors.message(2));
+        },
+        {.timeout = 20000ms});
+    ADD_FAILURE() << "the dying rank's exception did not surface";
+  } catch (const std::runtime_error& error) {
+    EXPECT_STREQ(error.what(), "rank 2 died");
+  }
+  EXPECT_LT(seconds_since(start), 15.0) << "the survivors waited for the timeout";
+  for (const int rank : {0, 1}) {
+    EXPECT_FALSE(survivors.message(rank).empty()) << "rank " << rank << " did not fail";
+  }
+  EXPECT_NE(survivors.message(0).find("joined"), std::string::npos) << survivors.message(0);
 }
 
 // ---- item 7: expired waits, destroyed communicators -------------------------------------------
