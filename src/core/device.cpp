@@ -83,21 +83,16 @@ namespace {
 // naming the device, rather than as whatever the first CUDA call happens to return.
 class CurrentDeviceGuard {
  public:
-  explicit CurrentDeviceGuard(Device device) {
+  explicit CurrentDeviceGuard(Device device) : guard_(usable(device)) {}
+
+ private:
+  static int usable(Device device) {
     const int count = cuda_device_count();
     GRADSYNC_CHECK(device.index < count, "device ", device.str(), " is not usable: ",
                    count == 0 ? cuda_unavailable_reason() : std::to_string(count) + " CUDA device(s) visible");
-    GRADSYNC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device.index) GRADSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-    switched_ = previous_ != device.index;
+    return device.index;
   }
-  ~CurrentDeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
+  CudaDeviceGuard guard_;
 };
 }  // namespace
 

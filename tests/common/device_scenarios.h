@@ -16,10 +16,12 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "dist_scenarios.h"
+#include "gradsync/comm/gloo.h"
 #include "gradsync/core/device.h"
 #include "join_scenarios.h"
 #include "zero_scenarios.h"
@@ -34,6 +36,27 @@ namespace gradsync::testing {
                    << (cuda_device_count() == 0 ? cuda_unavailable_reason() : "no such device"); \
     }                                                                                         \
   } while (0)
+
+// The fixture of tests over (world size, device): the CUDA instances skip, saying why, where no
+// GPU is usable. Instantiate with ::testing::Combine(worlds, ::testing::Values("cpu", "cuda")),
+// naming the instances with RanksOnDevice::name.
+class RanksOnDevice : public ::testing::TestWithParam<std::tuple<int, const char*>> {
+ protected:
+  void SetUp() override { GRADSYNC_SKIP_UNLESS_USABLE(device()); }
+  int world() const { return std::get<0>(GetParam()); }
+  Device device() const { return Device::parse(std::get<1>(GetParam())); }
+  // Runs body(comm, device) on world() Gloo ranks-as-threads.
+  void on_gloo_ranks(const std::function<void(comm::Communicator&, Device)>& body,
+                     const comm::CommOptions& options = {}) const {
+    const Device where = device();
+    comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { body(comm, where); }, options);
+  }
+
+ public:
+  static std::string name(const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+    return std::to_string(std::get<0>(info.param)) + "_ranks_" + std::get<1>(info.param);
+  }
+};
 
 inline Tensor filled_on(std::int64_t numel, double value, Device device) {
   return Tensor::from_vector(std::vector<double>(static_cast<std::size_t>(numel), value), {numel})

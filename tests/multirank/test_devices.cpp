@@ -15,69 +15,44 @@
 namespace gradsync {
 namespace {
 
-class DeviceWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {
- protected:
-  int world() const { return std::get<0>(GetParam()); }
-  Device device() const { return Device::parse(std::get<1>(GetParam())); }
-};
-
+class DeviceWorld : public testing::RanksOnDevice {};
 INSTANTIATE_TEST_SUITE_P(GlooRanks, DeviceWorld,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "_ranks_" + std::get<1>(info.param);
-                         });
+                         testing::RanksOnDevice::name);
 
-TEST_P(DeviceWorld, StrategySet) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { testing::ddp_strategy_set(comm, device()); });
-}
+TEST_P(DeviceWorld, StrategySet) { on_gloo_ranks(testing::ddp_strategy_set); }
 
 TEST_P(DeviceWorld, UnusedNoSyncSynchronizeAllHookCompression) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
-    testing::ddp_unused_no_sync_hook_compression(comm, device());
-  });
+  on_gloo_ranks(testing::ddp_unused_no_sync_hook_compression);
 }
 
-TEST_P(DeviceWorld, DistributedOptimizerOptions) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
-    testing::distributed_optimizer_options(comm, device());
-  });
-}
+TEST_P(DeviceWorld, DistributedOptimizerOptions) { on_gloo_ranks(testing::distributed_optimizer_options); }
 
 TEST_P(DeviceWorld, TrainingEquivalenceMissingGradientsAndReadyOrders) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
-    testing::equivalence_with_single_process(comm, device());
-    testing::force_allreduce_when_a_rank_skips_a_parameter(comm, device());
-    testing::data_parallel_equivalence(comm, device());
-    testing::data_parallel_missing_gradient(comm, device());
-    testing::random_ready_orders_across_reducers(comm, 3, 20, device());
+  on_gloo_ranks([](comm::Communicator& comm, Device device) {
+    testing::equivalence_with_single_process(comm, device);
+    testing::force_allreduce_when_a_rank_skips_a_parameter(comm, device);
+    testing::data_parallel_equivalence(comm, device);
+    testing::data_parallel_missing_gradient(comm, device);
+    testing::random_ready_orders_across_reducers(comm, 3, 20, device);
   });
 }
 
-TEST_P(DeviceWorld, ZeroAndJoin) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { testing::zero_and_join(comm, device()); });
-}
+TEST_P(DeviceWorld, ZeroAndJoin) { on_gloo_ranks(testing::zero_and_join); }
 
 // The collectives themselves on device tensors (staged), beside the host ones.
 TEST_P(DeviceWorld, EveryCollectiveOnDeviceTensors) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
-  comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) {
-    testing::check_collectives(comm, {0, 1, 7, 1000, 1 << 18}, {DType::f32, DType::bf16, DType::i64}, device());
+  on_gloo_ranks([](comm::Communicator& comm, Device device) {
+    testing::check_collectives(comm, {0, 1, 7, 1000, 1 << 18}, {DType::f32, DType::bf16, DType::i64}, device);
   });
 }
 
 // The failure path with device tensors in flight: a rank skips a collective; the staged
 // operations behind the one that timed out fail too, naming it.
 TEST_P(DeviceWorld, ARankThatSkipsACollectiveBreaksEveryRankClearly) {
-  GRADSYNC_SKIP_UNLESS_USABLE(device());
   if (world() < 2) GTEST_SKIP() << "skipped: needs two ranks";
-  comm::run_gloo_thread_group(
-      world(), [&](comm::Communicator& comm) { testing::a_rank_that_skips_a_collective(comm, device()); },
-      {.timeout = std::chrono::milliseconds(1000)});
+  on_gloo_ranks([](comm::Communicator& comm, Device device) { testing::a_rank_that_skips_a_collective(comm, device); },
+                {.timeout = std::chrono::milliseconds(1000)});
 }
 
 // NCCL with one rank per GPU, the ranks started by scripts/launch.sh (torchrun-style

@@ -202,16 +202,10 @@ TEST(Reducer, ReductionOverlapsTheBackward) {
 // Horovod's checklist on worlds of 1-4 Gloo ranks, with the parameters on the host and, where a
 // GPU is usable, on cuda (CUDA tensors staged through Gloo: the same checklist on device memory;
 // the CUDA instances skip, saying why, elsewhere).
-class DistWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {
- protected:
-  void SetUp() override { GRADSYNC_SKIP_UNLESS_USABLE(device()); }
-  int world() const { return std::get<0>(GetParam()); }
-  Device device() const { return Device::parse(std::get<1>(GetParam())); }
-};
-INSTANTIATE_TEST_SUITE_P(Sizes, DistWorld, ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "_ranks_" + std::get<1>(info.param);
-                         });
+class DistWorld : public testing::RanksOnDevice {};
+INSTANTIATE_TEST_SUITE_P(Sizes, DistWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
+                         testing::RanksOnDevice::name);
 
 TEST_P(DistWorld, EquivalenceWithSingleProcessTraining) {
   comm::run_gloo_thread_group(world(), [device = device()](Communicator& comm) { testing::equivalence_with_single_process(comm, device); });
