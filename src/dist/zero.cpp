@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <fstream>
 #include <map>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -323,6 +321,23 @@ bool any_rank(comm::Communicator& comm, bool mine) {
   return flag.to_double_vector()[0] != 0.0;
 }
 
+std::string set_name(std::int64_t number) { return "set-" + std::to_string(number); }
+
+// Creates folder/set-<n> for the first n above every existing set's number; returns n.
+std::int64_t create_set_folder(const std::filesystem::path& folder) {
+  std::filesystem::create_directories(folder);
+  std::int64_t next = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("set-")) continue;
+    const std::string digits = name.substr(4);
+    if (digits.empty() || digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    next = std::max<std::int64_t>(next, std::stoll(digits) + 1);
+  }
+  while (!std::filesystem::create_directory(folder / set_name(next))) ++next;  // taken meanwhile: the next one
+  return next;
+}
+
 std::string shard_key(std::size_t arena, std::size_t buffer) {
   return "zero.shard." + std::to_string(arena) + "." + std::to_string(buffer);
 }
@@ -352,20 +367,31 @@ void ZeroOptimizer::save_sharded(const std::filesystem::path& folder) {
   Impl& z = *impl_;
   z.wait_all();
   optim::Optimizer& optimizer = z.optimizer;
-  // The set's name, chosen by rank 0: time and a random number, so it never reuses a folder.
+  // The set's folder, created by rank 0 under a name no earlier set has: the number after the
+  // highest existing set-<n>, and create_directory (which fails on an existing folder) makes
+  // sure of it. A name taken from the clock could repeat, and the cleanup of a failed save
+  // would then delete the previous set it is meant to keep.
   Tensor id = Tensor::zeros({1}, DType::f64);
+  std::string failure;
   if (z.comm.rank() == 0) {
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
-    id.data_as<double>()[0] = static_cast<double>(std::chrono::duration_cast<std::chrono::seconds>(now).count() % 100000000) * 1000.0 +
-                              static_cast<double>(std::random_device{}() % 1000);
+    try {
+      id.data_as<double>()[0] = static_cast<double>(create_set_folder(folder));
+    } catch (const std::exception& error) {
+      failure = error.what();
+      id.data_as<double>()[0] = -1;
+    }
   }
   z.comm.broadcast_host(id, 0);
-  const std::string set = "set-" + std::to_string(static_cast<std::int64_t>(id.data_as<double>()[0]));
+  const auto number = static_cast<std::int64_t>(id.data_as<double>()[0]);
+  if (number < 0) {
+    detail::throw_error("ZeroOptimizer::save_sharded to ", folder.string(), ": ",
+                        failure.empty() ? "rank 0 could not create the set's folder (see its error)" : failure,
+                        " (the previous set, if any, is still in force)");
+  }
+  const std::string set = set_name(number);
   const std::filesystem::path set_folder = folder / set;
 
-  std::string failure;
   try {
-    std::filesystem::create_directories(set_folder);
     std::vector<io::NamedTensor> tensors;
     const std::size_t buffers = optimizer.state_buffer_names().size();
     for (std::size_t a = 0; a < z.ranges.size(); ++a) {

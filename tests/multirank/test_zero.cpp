@@ -1,8 +1,10 @@
 // ZeRO on Gloo ranks-as-threads, 2-4 ranks (dist/zero.h, docs/zero.md): stage 1 and 2 against
 // unsharded DataParallel for SGD, Adam and AdamW, every sync strategy that applies, with and
 // without find_unused_parameters, mixed precision and clipping; the errors.
-#include "gradsync/comm/gloo.h"
+#include <set>
+#include <string>
 
+#include "gradsync/comm/gloo.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "zero_scenarios.h"
 
@@ -193,15 +195,21 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
     if (comm.rank() == 0) io::save_registry(model.registry, weights);
     comm.barrier();
     // A second save whose manifest cannot be written: an error everywhere, the first set stays.
+    // A folder left by an earlier crash squats the next name: the save takes the one after it
+    // and its cleanup removes only its own folder.
     if (comm.rank() == 0) std::filesystem::create_directories(sets / "manifest.json.tmp");
+    if (comm.rank() == 0) std::filesystem::create_directories(sets / "set-1");
     comm.barrier();
     EXPECT_GRADSYNC_ERROR(zero.save_sharded(sets), "save_sharded", "the previous set, if any, is still in force");
     if (comm.rank() == 0) std::filesystem::remove_all(sets / "manifest.json.tmp");
     comm.barrier();
   });
-  std::size_t set_folders = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(sets)) set_folders += entry.is_directory() ? 1 : 0;
-  EXPECT_EQ(set_folders, 1u) << "the failed save's pieces are removed, the first set kept";
+  std::set<std::string> set_folders;
+  for (const auto& entry : std::filesystem::directory_iterator(sets)) {
+    if (entry.is_directory()) set_folders.insert(entry.path().filename().string());
+  }
+  EXPECT_EQ(set_folders, (std::set<std::string>{"set-0", "set-1"}))
+      << "the failed save's pieces (set-2) are removed, the first set and the stray folder kept";
   run(4, 2, 3, 3, [&](dist::ZeroOptimizer& zero, Communicator&) { zero.load_sharded(sets); },
       [&](dist::ZeroOptimizer&, testing::ShardModel& model, Communicator& comm) {
         if (comm.rank() == 0) same_world = model.all_values();
