@@ -1,32 +1,18 @@
 // comm::connect: the backend choice and the environment rendezvous (gradsync/comm/connect.h).
 #include "gradsync/comm/connect.h"
 
-#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/mpi.h"
 #include "gradsync/comm/nccl.h"
 #include "gradsync/config.h"
+#include "core/environment.h"
 
 namespace gradsync::comm {
 
 namespace {
-
-const char* environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? value : nullptr;
-}
-
-int integer_variable(const char* name, int fallback) {
-  const char* text = environment(name);
-  if (text == nullptr) return fallback;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  GRADSYNC_CHECK(end != text && *end == '\0' && value >= 0 && value < (1L << 30), "environment variable ", name,
-                 "='", text, "' is not a non-negative integer");
-  return static_cast<int>(value);
-}
 
 // The CPU communicator of a process not started by an MPI launcher: Gloo through the
 // rendezvous the environment describes.
@@ -84,35 +70,37 @@ std::string first_host_of_nodelist(std::string_view nodelist) {
 }
 
 LaunchEnvironment launch_from_environment() {
+  using environment::launcher;
+  using environment::launcher_integer;
   LaunchEnvironment launch;
-  if (const char* folder = environment("GRADSYNC_GLOO_STORE_DIR"); folder != nullptr) launch.store_dir = folder;
-  const char* host = environment("MASTER_ADDR");
-  if (environment("RANK") != nullptr || environment("WORLD_SIZE") != nullptr) {
+  launch.store_dir = environment::gloo_store_dir().value_or("");
+  const std::optional<std::string> host = launcher("MASTER_ADDR");
+  if (launcher("RANK") || launcher("WORLD_SIZE")) {
     launch.launcher = "torchrun";
-    launch.size = integer_variable("WORLD_SIZE", 1);
-    launch.rank = integer_variable("RANK", 0);
-    launch.host = host != nullptr ? host : "127.0.0.1";
-    launch.port = integer_variable("MASTER_PORT", 0);
-  } else if (environment("SLURM_PROCID") != nullptr && environment("SLURM_NTASKS") != nullptr) {
+    launch.size = launcher_integer("WORLD_SIZE", 1);
+    launch.rank = launcher_integer("RANK", 0);
+    launch.host = host.value_or("127.0.0.1");
+    launch.port = launcher_integer("MASTER_PORT", 0);
+  } else if (launcher("SLURM_PROCID") && launcher("SLURM_NTASKS")) {
     launch.launcher = "slurm";
-    launch.size = integer_variable("SLURM_NTASKS", 1);
-    launch.rank = integer_variable("SLURM_PROCID", 0);
-    if (host != nullptr) {
-      launch.host = host;
+    launch.size = launcher_integer("SLURM_NTASKS", 1);
+    launch.rank = launcher_integer("SLURM_PROCID", 0);
+    if (host) {
+      launch.host = *host;
     } else {
-      const char* nodelist = environment("SLURM_STEP_NODELIST");
-      if (nodelist == nullptr) nodelist = environment("SLURM_JOB_NODELIST");
-      GRADSYNC_CHECK(nodelist != nullptr || launch.size == 1, "srun task ", launch.rank, " of ", launch.size,
+      std::optional<std::string> nodelist = launcher("SLURM_STEP_NODELIST");
+      if (!nodelist) nodelist = launcher("SLURM_JOB_NODELIST");
+      GRADSYNC_CHECK(nodelist || launch.size == 1, "srun task ", launch.rank, " of ", launch.size,
                      ": neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set; set MASTER_ADDR to rank 0's host");
-      launch.host = nodelist != nullptr ? first_host_of_nodelist(nodelist) : "127.0.0.1";
+      launch.host = nodelist ? first_host_of_nodelist(*nodelist) : "127.0.0.1";
     }
     // Every task of the job computes the same port from the job id.
-    const int job = integer_variable("SLURM_JOB_ID", 0);
-    launch.port = environment("MASTER_PORT") != nullptr ? integer_variable("MASTER_PORT", 0) : 20000 + job % 20000;
+    const int job = launcher_integer("SLURM_JOB_ID", 0);
+    launch.port = launcher("MASTER_PORT") ? launcher_integer("MASTER_PORT", 0) : 20000 + job % 20000;
   } else {
     launch.launcher = "single";
-    launch.host = host != nullptr ? host : "127.0.0.1";
-    launch.port = integer_variable("MASTER_PORT", 0);
+    launch.host = host.value_or("127.0.0.1");
+    launch.port = launcher_integer("MASTER_PORT", 0);
   }
   GRADSYNC_CHECK(launch.size >= 1 && launch.rank < launch.size, "rank ", launch.rank, " is outside a world of ",
                  launch.size, " (launched by ", launch.launcher, ")");
@@ -122,7 +110,7 @@ LaunchEnvironment launch_from_environment() {
 
 int local_rank_from_environment(int fallback) {
   for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (environment(name) != nullptr) return integer_variable(name, fallback);
+    if (environment::launcher(name)) return environment::launcher_integer(name, fallback);
   }
   return fallback;
 }

@@ -16,33 +16,22 @@
 
 #include "backend.h"
 #include "collective.h"
+#include "core/environment.h"
 #include "core/staging.h"
 #include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
 
 namespace gradsync::comm {
 
-std::chrono::milliseconds milliseconds_from_environment(const char* name, std::chrono::milliseconds fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return fallback;
-  // A plain positive integer, nothing else: atoll would read "5s" as 5 ms and "" as 0.
-  const std::string value(text);
-  const bool digits = !value.empty() && value.size() <= 12 &&
-                      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
-  GRADSYNC_CHECK(digits && std::stoll(value) > 0, name, " must be a positive whole number of milliseconds, got '", value,
-                 "'");
-  return std::chrono::milliseconds(std::stoll(value));
-}
-
 std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) {
   if (requested.count() > 0) return requested;
-  return milliseconds_from_environment("GRADSYNC_TIMEOUT_MS", std::chrono::milliseconds(300000));
+  return environment::timeout().value_or(std::chrono::milliseconds(300000));
 }
 
 std::chrono::milliseconds resolve_rendezvous_timeout(std::chrono::milliseconds requested,
                                                      std::chrono::milliseconds operation_timeout) {
   if (requested.count() > 0) return requested;
-  return milliseconds_from_environment("GRADSYNC_RENDEZVOUS_TIMEOUT_MS", resolve_timeout(operation_timeout));
+  return environment::rendezvous_timeout().value_or(resolve_timeout(operation_timeout));
 }
 
 namespace {
@@ -212,10 +201,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
  public:
   Engine(std::unique_ptr<Backend> backend, const CommOptions& options)
       : backend_(std::move(backend)), options_(options), timeout_(resolve_timeout(options.timeout)) {
-    const char* debug = std::getenv("GRADSYNC_DEBUG_COLLECTIVES");
-    check_agreement_ = options.check_agreement || (debug != nullptr && std::string(debug) == "1");
-    const char* verify = std::getenv("GRADSYNC_VERIFY_COLLECTIVES");
-    verify_ = options.verify && !(verify != nullptr && std::string(verify) == "0");
+    check_agreement_ = options.check_agreement || environment::debug_collectives();
+    verify_ = options.verify && environment::verify_collectives();
     backend_->set_timeout(timeout_);
   }
 

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "backend.h"
+#include "core/environment.h"
 #include "gradsync/comm/gloo.h"
 #include "reduce_functions.h"
 #include "tcp_store.h"
@@ -418,8 +419,7 @@ std::shared_ptr<gloo::transport::Device> loopback_device() {
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   gloo::transport::tcp::attr attributes;
-  const char* host = std::getenv("GRADSYNC_GLOO_HOST");
-  attributes.hostname = host != nullptr ? host : "127.0.0.1";
+  attributes.hostname = environment::gloo_host().value_or("127.0.0.1");
   return gloo::transport::tcp::CreateDevice(attributes);
 }
 
@@ -430,7 +430,7 @@ class ReportingStore final : public gloo::rendezvous::Store {
  public:
   ReportingStore(gloo::rendezvous::Store& inner, std::string where, int rank, int size)
       : inner_(inner), where_(std::move(where)), rank_(rank), size_(size),
-        report_every_(milliseconds_from_environment("GRADSYNC_RENDEZVOUS_REPORT_MS", std::chrono::milliseconds(10000))) {}
+        report_every_(environment::rendezvous_report_interval()) {}
 
   void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
   std::vector<char> get(const std::string& key) override {

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "backend.h"
+#include "core/environment.h"
 #include "gradsync/comm/mpi.h"
 #include "reduce_functions.h"
 
@@ -513,12 +514,7 @@ class MpiBackend final : public Backend {
 
 bool mpi_available() { return true; }
 
-bool launched_by_mpi() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
-    if (std::getenv(variable) != nullptr) return true;
-  }
-  return false;
-}
+bool launched_by_mpi() { return environment::launched_by_mpi(); }
 
 std::unique_ptr<Communicator> mpi_world(const CommOptions& options) {
   int initialized = 0;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "collective.h"
+#include "core/environment.h"
 #include "core/cuda_check.h"
 #include "core/staging.h"
 #include "gradsync/core/stream.h"
@@ -200,8 +201,7 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, const CommOptions& options, int device)
       : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout))) {
-    const char* debug = std::getenv("GRADSYNC_DEBUG_COLLECTIVES");
-    check_agreement_ = options.check_agreement || (debug != nullptr && std::string(debug) == "1");
+    check_agreement_ = options.check_agreement || environment::debug_collectives();
     DeviceGuard guard(device);
 
     // Rank 0 creates the id; the bootstrap communicator carries it to everyone.

@@ -22,7 +22,7 @@ std::unique_ptr<Communicator> gloo_tcp_store(const std::string&, int, int, int, 
 
 #if !GRADSYNC_WITH_MPI
 bool mpi_available() { return false; }
-bool launched_by_mpi() { return false; }
+bool launched_by_mpi() { return false; }  // an MPI launch without MPI compiled in: Gloo it is
 std::unique_ptr<Communicator> mpi_world(const CommOptions&) {
   detail::throw_error("gradsync was built without MPI (install libopenmpi-dev and reconfigure)");
 }

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -17,20 +16,13 @@
 
 #include <sched.h>
 
+#include "environment.h"
 #include "gradsync/core/error.h"
 #include "gradsync/core/threads.h"
 
 namespace gradsync {
 
 namespace {
-
-int positive_from_environment(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  return end != text && *end == '\0' && value > 0 && value < 4096 ? static_cast<int>(value) : 0;
-}
 
 int cores_available() {
   cpu_set_t set;
@@ -141,15 +133,9 @@ class Pool {
 }  // namespace
 
 int default_num_threads() {
-  if (const int forced = positive_from_environment("GRADSYNC_NUM_THREADS")) return forced;
-  int local_ranks = 1;
-  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    if (const int value = positive_from_environment(name)) {
-      local_ranks = value;
-      break;
-    }
-  }
-  return std::max(1, cores_available() / local_ranks);
+  if (const int forced = environment::num_threads()) return forced;
+  // The cores are shared by every rank of this machine.
+  return std::max(1, cores_available() / std::max(1, environment::local_world_size()));
 }
 
 int num_threads() {

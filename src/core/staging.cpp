@@ -1,7 +1,6 @@
 // The staging pool and the staging streams (staging.h).
 #include "staging.h"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "device_memory.h"
+#include "environment.h"
 #include "gradsync/config.h"
 #include "gradsync/core/error.h"
 #include "gradsync/core/stream.h"
@@ -165,11 +165,7 @@ PooledBuffer lease_device(std::size_t nbytes, Device device) {
 StagingPoolStats staging_pool_stats() { return pool().stats(); }
 
 std::size_t staging_pool_limit() {
-  static const std::size_t limit = [] {
-    const char* text = std::getenv("GRADSYNC_STAGING_POOL_MB");
-    const long long megabytes = text != nullptr ? std::atoll(text) : 4096;
-    return static_cast<std::size_t>(megabytes > 0 ? megabytes : 0) << 20;
-  }();
+  static const std::size_t limit = environment::staging_pool_bytes();
   return limit;
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "environment.h"
 #include "gradsync/core/error.h"
 
 namespace gradsync::timeline {
@@ -122,8 +123,8 @@ void start(const std::string& path, int rank) {
 }
 
 void start_from_environment(int rank) {
-  const char* path = std::getenv("GRADSYNC_TIMELINE");
-  if (path != nullptr && *path != '\0' && !enabled()) start(path, rank);
+  const std::optional<std::string> path = environment::timeline_path();
+  if (path && !enabled()) start(*path, rank);
 }
 
 std::string path() {

@@ -55,9 +55,6 @@ std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested);
 // The rendezvous timeout: `requested`, GRADSYNC_RENDEZVOUS_TIMEOUT_MS, else `operation_timeout`.
 std::chrono::milliseconds resolve_rendezvous_timeout(std::chrono::milliseconds requested,
                                                      std::chrono::milliseconds operation_timeout);
-// A duration in milliseconds from the environment: absent gives `fallback`; anything but a plain
-// positive integer ("5s", "-1", "1e3", "") is an error naming the variable.
-std::chrono::milliseconds milliseconds_from_environment(const char* name, std::chrono::milliseconds fallback);
 
 // "The calling thread will wait for the next operation it issues, right away." The blocking
 // forms of Communicator set it around their call; a CPU communicator whose queue is empty then

@@ -4,8 +4,7 @@
 // results do not depend on the machine.
 #pragma once
 
-#include <cstdlib>
-#include <string_view>
+#include "core/environment.h"
 
 namespace gradsync::kernels::cpu {
 
@@ -14,8 +13,7 @@ namespace gradsync::kernels::cpu {
 inline bool cpu_has_avx2_fma() {
 #if defined(__x86_64__)
   static const bool supported = [] {
-    const char* forced = std::getenv("GRADSYNC_CPU_ISA");
-    if (forced != nullptr && std::string_view(forced) == "baseline") return false;
+    if (environment::baseline_cpu_isa()) return false;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
   return supported;
