@@ -3,7 +3,7 @@
 #include <limits>
 #include <sstream>
 
-#include "gradsync/kernels/ops.h"
+#include "convert.h"
 #include "device_memory.h"
 
 namespace gradsync {
@@ -131,8 +131,9 @@ Tensor Tensor::to_device_copy(Device device) const {
 }
 
 Tensor Tensor::to(DType dtype) const {
+  GRADSYNC_CHECK(defined(), "to(", dtype_name(dtype), ") of an empty tensor handle");
   Tensor converted = empty(shape_, dtype, device_);
-  ops::cast(*this, converted);
+  detail::convert_elements(data(), dtype_, converted.data(), dtype, numel_, device_);
   return converted;
 }
 

@@ -16,7 +16,6 @@ void fill(void* x, DType dtype, std::int64_t n, double value);
 void scale(void* x, DType dtype, std::int64_t n, double alpha);
 void axpy(double alpha, const void* x, void* y, DType dtype, std::int64_t n);
 void add(const void* a, const void* b, void* out, DType dtype, std::int64_t n);
-void cast(const void* source, DType source_dtype, void* destination, DType destination_dtype, std::int64_t n);
 double dot(const void* a, const void* b, DType dtype, std::int64_t n);
 double squared_norm(const void* x, DType dtype, std::int64_t n);
 ops::NormStatistics norm_statistics(const void* x, DType dtype, std::int64_t n, double factor);
@@ -27,8 +26,6 @@ void fill(Device device, void* x, DType dtype, std::int64_t n, double value);
 void scale(Device device, void* x, DType dtype, std::int64_t n, double alpha);
 void axpy(Device device, double alpha, const void* x, void* y, DType dtype, std::int64_t n);
 void add(Device device, const void* a, const void* b, void* out, DType dtype, std::int64_t n);
-void cast(Device device, const void* source, DType source_dtype, void* destination, DType destination_dtype,
-          std::int64_t n);
 double dot(Device device, const void* a, const void* b, DType dtype, std::int64_t n);
 double squared_norm(Device device, const void* x, DType dtype, std::int64_t n);
 ops::NormStatistics norm_statistics(Device device, const void* x, DType dtype, std::int64_t n, double factor);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gradsync/config.h"
+#include "core/convert.h"
 #include "kernels.h"
 
 namespace gradsync::ops {
@@ -81,12 +82,9 @@ void cast(const Tensor& source, Tensor& destination) {
                  " and ", destination.describe());
   GRADSYNC_CHECK(source.device() == destination.device(), "cast: ", source.describe(), " and ",
                  destination.describe(), " are on different devices (copy first, then cast)");
-  if (source.device().is_cpu()) {
-    return kernels::cpu::cast(source.data(), source.dtype(), destination.data(), destination.dtype(),
-                              source.numel());
-  }
-  CUDA_OR_FAIL("cast", source, cast(source.device(), source.data(), source.dtype(), destination.data(),
-                                    destination.dtype(), source.numel()));
+  // The conversion itself is core's: Tensor::to(DType) needs it too (core/convert.h).
+  detail::convert_elements(source.data(), source.dtype(), destination.data(), destination.dtype(), source.numel(),
+                  source.device());
 }
 
 double dot(const Tensor& a, const Tensor& b) {

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <span>
 
-#include "element.h"
+#include "core/element.h"
 #include "gradsync/core/device.h"
 #include "gradsync/core/dtype.h"
 #include "gradsync/core/error.h"

@@ -3,9 +3,9 @@
 // Every operation runs on all cores (core/parallel.h): element-wise ones split the range into
 // one chunk per thread; reductions cut it into fixed 1 Mi-element chunks whose partial sums
 // are added in chunk order, so the result does not depend on the number of threads. Within a
-// chunk: f32 and f64 element-wise arithmetic goes through Eigen array maps; casts between f32
-// and f16/bf16 and the reductions are loops compiled for baseline x86-64 and for AVX2
-// (ops_loops.inc, isa.h); everything else is plain loops over load()/store().
+// chunk: f32 and f64 element-wise arithmetic goes through Eigen array maps; the reductions are
+// loops compiled for baseline x86-64 and for AVX2 (ops_loops.inc, core/isa.h); everything else
+// is plain loops over load()/store(). Casts are core's (core/convert.h).
 #include <Eigen/Core>
 
 #if defined(__x86_64__)
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "../../core/parallel.h"
-#include "../element.h"
+#include "../../core/element.h"
 #include "../kernels.h"
-#include "isa.h"
+#include "../../core/isa.h"
 
 namespace gradsync::kernels::cpu {
 
@@ -80,32 +80,6 @@ double squares_loop<float>(const float* __restrict values, std::int64_t n) {
   return sum;
 }
 
-// f32 -> bf16 over large arrays: the same rounding as float_to_bf16_bits, eight at a time,
-// written with non-temporal stores so that the destination's cache lines are not read first
-// (a cast of a buffer larger than the caches moves 6 bytes per element instead of 8).
-void narrow_bf16_streaming(const float* source, std::uint16_t* destination, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(destination + i) % 32) != 0; ++i) {
-    destination[i] = float_to_bf16_bits(source[i]);
-  }
-  const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1), nan_bits = _mm256_set1_epi32(0x7FC0);
-  const auto narrow8 = [&](const float* from) {
-    const __m256 x = _mm256_loadu_ps(from);
-    const __m256i bits = _mm256_castps_si256(x);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, bias), odd), 16);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(rounded, nan_bits, nan);  // 32-bit lanes holding 16-bit results
-  };
-  for (; i + 16 <= n; i += 16) {
-    const __m256i a = narrow8(source + i), b = narrow8(source + i + 8);
-    // Pack the two sets of eight 32-bit lanes into sixteen 16-bit values, in order.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(destination + i), packed);
-  }
-  for (; i < n; ++i) destination[i] = float_to_bf16_bits(source[i]);
-  _mm_sfence();
-}
 }  // namespace avx2
 #undef GRADSYNC_F16C
 #pragma GCC pop_options
@@ -142,9 +116,6 @@ template <typename Body>
 void elementwise(std::int64_t n, Body body) {
   parallel::parallel_for(n, kElementwiseGrain, 64, [&](std::int64_t begin, std::int64_t end) { body(begin, end - begin); });
 }
-
-// Casts to bf16 of at least this many elements (per thread) bypass the cache on the way out.
-constexpr std::int64_t kStreamingElements = std::int64_t{1} << 20;
 
 // Reductions: fixed chunks, partials combined in chunk order.
 constexpr std::int64_t kReductionChunk = std::int64_t{1} << 20;
@@ -228,24 +199,6 @@ void add(const void* a, const void* b, void* out, DType dtype, std::int64_t n) {
         T* result = offset<T>(out, begin);
         for (std::int64_t i = 0; i < count; ++i) result[i] = store<T>(load(left[i]) + load(right[i]));
       }
-    });
-  });
-}
-
-void cast(const void* source, DType source_dtype, void* destination, DType destination_dtype, std::int64_t n) {
-  visit_dtype(source_dtype, [&]<typename S>(S) {
-    visit_dtype(destination_dtype, [&]<typename D>(D) {
-      elementwise(n, [&](std::int64_t begin, std::int64_t count) {
-#if defined(__x86_64__)
-        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
-          if (count >= kStreamingElements && cpu_has_avx2_fma()) {
-            return avx2::narrow_bf16_streaming(offset<float>(source, begin),
-                                               static_cast<std::uint16_t*>(destination) + begin, count);
-          }
-        }
-#endif
-        GRADSYNC_ISA_DISPATCH(cast_loop<S, D>)(offset<S>(source, begin), offset<D>(destination, begin), count);
-      });
     });
   });
 }

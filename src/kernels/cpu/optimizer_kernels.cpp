@@ -14,7 +14,7 @@
 
 #include "../optimizer_math.h"
 #include "../../core/parallel.h"
-#include "isa.h"
+#include "../../core/isa.h"
 #include <cstdlib>
 #include <string_view>
 #include <algorithm>

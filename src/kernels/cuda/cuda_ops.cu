@@ -1,7 +1,7 @@
 // CUDA kernels behind gradsync::ops.
 //
 // Element-wise kernels are grid-stride loops over the same load()/store()/convert() helpers
-// the CPU uses (src/kernels/element.h), so a cast rounds identically on both devices. They
+// the CPU uses (src/core/element.h), so arithmetic rounds identically on both devices. They
 // are bandwidth-bound; a grid of a few waves of 256-thread blocks saturates HBM without
 // launch tuning. Reductions accumulate in double per thread, reduce within a block through
 // shared memory, and finish on the host over at most kMaxReductionBlocks partial sums.
@@ -13,7 +13,7 @@
 #include "../../core/cuda_check.h"
 #include "../../core/staging.h"
 #include "device_scope.h"
-#include "../element.h"
+#include "../../core/element.h"
 #include "../kernels.h"
 
 namespace gradsync::kernels::cuda {
@@ -57,11 +57,6 @@ __global__ void axpy_kernel(compute_t<T> alpha, const T* x, T* y, std::int64_t n
 template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
   GRID_STRIDE_LOOP(i, n) out[i] = store<T>(load(a[i]) + load(b[i]));
-}
-
-template <typename S, typename D>
-__global__ void cast_kernel(const S* source, D* destination, std::int64_t n) {
-  GRID_STRIDE_LOOP(i, n) destination[i] = convert<D>(source[i]);
 }
 
 template <typename T>
@@ -157,18 +152,6 @@ void add(Device device, const void* a, const void* b, void* out, DType dtype, st
                                                static_cast<T*>(out), n);
   });
   check_launch("add");
-}
-
-void cast(Device device, const void* source, DType source_dtype, void* destination, DType destination_dtype,
-          std::int64_t n) {
-  if (n == 0) return;
-  DeviceScope scope(device);
-  visit_dtype(source_dtype, [&]<typename S>(S) {
-    visit_dtype(destination_dtype, [&]<typename D>(D) {
-      cast_kernel<S, D><<<blocks_for(n), kThreads, 0, scope.stream()>>>(static_cast<const S*>(source), static_cast<D*>(destination), n);
-    });
-  });
-  check_launch("cast");
 }
 
 // The partial sums of a reduction: written by the kernel into pooled device memory, copied

@@ -4,9 +4,9 @@
 // results do not depend on the machine.
 #pragma once
 
-#include "core/environment.h"
+#include "environment.h"
 
-namespace gradsync::kernels::cpu {
+namespace gradsync::detail {
 
 // GRADSYNC_CPU_ISA=baseline forces the baseline loops (the test suite runs the optimizer
 // trajectories both ways to prove they agree to the bit).
@@ -24,9 +24,9 @@ inline bool cpu_has_avx2_fma() {
 
 // Calls the AVX2 or the baseline instantiation: GRADSYNC_ISA_DISPATCH(function<Args>)(arguments).
 #if defined(__x86_64__)
-#define GRADSYNC_ISA_DISPATCH(...) (cpu_has_avx2_fma() ? avx2::__VA_ARGS__ : baseline::__VA_ARGS__)
+#define GRADSYNC_ISA_DISPATCH(...) (::gradsync::detail::cpu_has_avx2_fma() ? avx2::__VA_ARGS__ : baseline::__VA_ARGS__)
 #else
 #define GRADSYNC_ISA_DISPATCH(...) (baseline::__VA_ARGS__)
 #endif
 
-}  // namespace gradsync::kernels::cpu
+}  // namespace gradsync::detail

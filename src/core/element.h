@@ -1,4 +1,5 @@
-// Internal: element access shared by the CPU and CUDA kernels.
+// Internal: element access, shared by the dtype conversions of core (convert.h) and by the CPU
+// and CUDA kernels and reduce functions above it.
 //
 // Each storage type has a compute type: f16 and bf16 compute in float (as PyTorch does on
 // CPU), f32 in float, f64 in double, integers in int64. load() widens a stored element to
@@ -17,7 +18,7 @@
 #include "gradsync/core/dtype.h"
 #include "gradsync/core/half.h"
 
-namespace gradsync::kernels {
+namespace gradsync {
 
 template <typename T>
 struct ComputeTypeOf {
@@ -85,4 +86,4 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   return fn(float{});  // unreachable: every enumerator is handled above
 }
 
-}  // namespace gradsync::kernels
+}  // namespace gradsync
