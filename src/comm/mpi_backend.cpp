@@ -2,12 +2,13 @@
 // so that no call blocks forever. f16/bf16 reduce through user-defined MPI operations that
 // combine in f32 (src/comm/reduce_functions.cpp); avg is sum then a division.
 //
-// Small allreduces on power-of-two worlds run recursive doubling, large ones our own ring
-// (reduce-scatter, then allgather), both over nonblocking point-to-point messages instead of
-// MPI_Iallreduce: Open MPI's nonblocking allreduce (libnbc)
-// sends the whole buffer at every step, where the ring moves 2(n-1)/n of it in total and
-// reduces one segment while the next is in flight. That is what the blocking MPI_Allreduce
-// does for large messages, and it keeps the timeout (bench_collectives, docs/communication.md).
+// Large messages, and small allreduces on power-of-two worlds, run the algorithms of
+// src/comm/algorithms/ (rings, recursive doubling, the chain broadcast) over this backend's
+// nonblocking point-to-point messages instead of MPI_Iallreduce and friends: Open MPI's
+// nonblocking collectives (libnbc) send the whole buffer at every step, where the ring moves
+// 2(n-1)/n of it in total and reduces one segment while the next is in flight. That is what
+// the blocking MPI_Allreduce does for large messages, and it keeps the timeout
+// (bench_collectives, docs/communication.md).
 // The C API only: the deprecated C++ bindings do not compile cleanly under -Werror.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -23,6 +24,11 @@
 #include <mutex>
 #include <thread>
 
+#include "algorithms/chain_broadcast.h"
+#include "algorithms/recursive_doubling.h"
+#include "algorithms/ring_allgather.h"
+#include "algorithms/ring_allreduce.h"
+#include "algorithms/ring_reduce_scatter.h"
 #include "backend.h"
 #include "core/environment.h"
 #include "gradsync/comm/mpi.h"
@@ -203,11 +209,12 @@ class MpiBackend final : public Backend {
   void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
 
   void allreduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
+    auto* bytes = static_cast<std::byte*>(data);
     if (size_ > 1 && static_cast<std::size_t>(count) * dtype_size(dtype) >= kRingThresholdBytes) {
-      return ring_allreduce(static_cast<std::byte*>(data), count, dtype, op);
+      return algorithms::ring_allreduce(transport_, bytes, count, dtype, op);
     }
     if (size_ > 1 && (size_ & (size_ - 1)) == 0) {
-      return doubling_allreduce(static_cast<std::byte*>(data), count, dtype, op);
+      return algorithms::recursive_doubling_allreduce(transport_, bytes, count, dtype, op);
     }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, int_count(count, "allreduce"), mpi_type(dtype),
@@ -220,8 +227,8 @@ class MpiBackend final : public Backend {
     if (size_ > 1 && bytes >= kRingThresholdBytes) {
       // Two ranks: one hop, nothing to pipeline, one message. More: segments, so that every
       // link of the chain is busy at once.
-      return chain_broadcast(static_cast<std::byte*>(data), bytes, root,
-                             size_ == 2 ? bytes : segment_size(bytes / 4, dtype_size(dtype)));
+      return algorithms::chain_broadcast(transport_, static_cast<std::byte*>(data), bytes, root,
+                                         size_ == 2 ? bytes : algorithms::segment_size(bytes / 4, dtype_size(dtype)));
     }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Ibcast(data, int_count(count, "broadcast"), mpi_type(dtype), root, comm_, &request));
@@ -231,9 +238,10 @@ class MpiBackend final : public Backend {
   void allgather(const void* input, void* output, std::int64_t count, DType dtype) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
     if (size_ > 1 && bytes * static_cast<std::size_t>(size_) >= kRingThresholdBytes) {
-      return ring_allgather(static_cast<std::byte*>(output), [bytes](int chunk) { return bytes * static_cast<std::size_t>(chunk); },
-                            [bytes](int) { return bytes; }, segment_size(bytes, dtype_size(dtype)), /*first_owned=*/0,
-                            static_cast<const std::byte*>(input));
+      std::vector<std::size_t> offsets;
+      for (int chunk = 0; chunk <= size_; ++chunk) offsets.push_back(bytes * static_cast<std::size_t>(chunk));
+      return algorithms::ring_allgather(transport_, static_cast<std::byte*>(output), offsets, dtype_size(dtype),
+                                        /*first_owned=*/0, static_cast<const std::byte*>(input));
     }
     MPI_Request request;
     const int n = int_count(count, "allgather");
@@ -248,12 +256,8 @@ class MpiBackend final : public Backend {
     if (size_ > 1 && offsets.back() >= kRingThresholdBytes) {
       // ZeRO's parameter gathers: the ring, as allgather (Open MPI's nonblocking allgatherv is
       // several times slower at these sizes).
-      std::size_t largest = 0;
-      for (int r = 0; r < size_; ++r) largest = std::max(largest, offsets[static_cast<std::size_t>(r) + 1] - offsets[static_cast<std::size_t>(r)]);
-      return ring_allgather(
-          static_cast<std::byte*>(output), [&](int chunk) { return offsets[static_cast<std::size_t>(chunk)]; },
-          [&](int chunk) { return offsets[static_cast<std::size_t>(chunk) + 1] - offsets[static_cast<std::size_t>(chunk)]; },
-          segment_size(largest, element), /*first_owned=*/0, static_cast<const std::byte*>(input));
+      return algorithms::ring_allgather(transport_, static_cast<std::byte*>(output), offsets, element,
+                                        /*first_owned=*/0, static_cast<const std::byte*>(input));
     }
     std::vector<int> receive_counts;
     std::vector<int> displacements;
@@ -271,7 +275,8 @@ class MpiBackend final : public Backend {
 
   void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) override {
     if (size_ > 1 && static_cast<std::size_t>(count) * dtype_size(dtype) * static_cast<std::size_t>(size_) >= kRingThresholdBytes) {
-      return ring_reduce_scatter(static_cast<const std::byte*>(input), static_cast<std::byte*>(output), count, dtype, op);
+      return algorithms::ring_reduce_scatter(transport_, static_cast<const std::byte*>(input),
+                                             static_cast<std::byte*>(output), count, dtype, op);
     }
     MPI_Request request;
     GRADSYNC_MPI_CHECK(MPI_Ireduce_scatter_block(input, output, int_count(count, "reduce_scatter"), mpi_type(dtype),
@@ -300,172 +305,41 @@ class MpiBackend final : public Backend {
   }
 
  private:
+  // From this size on, the algorithms of src/comm/algorithms/ beat MPI's nonblocking collectives.
   static constexpr std::size_t kRingThresholdBytes = 32 << 10;
-  static constexpr std::size_t kMinSegmentBytes = 16 << 10;
-  static constexpr std::size_t kMaxSegmentBytes = 1 << 20;
+  // The algorithms' point-to-point messages: nonblocking sends and receives on ring_comm_
+  // (so they never match a user's message on comm_), completed by complete(). The transport
+  // outlives calls, and so does its scratch memory.
+  class Message final : public algorithms::PendingMessage {
+   public:
+    Message(MpiBackend& backend, MPI_Request request) : backend_(backend), request_(request) {}
+    void wait(const char* what) override { backend_.complete(request_, what); }
 
-  // Segments of about a quarter of a chunk, so the pipeline fills, within bounds that keep the
-  // per-message overhead small and the messages in flight few; whole elements.
-  static std::size_t segment_size(std::size_t chunk_bytes, std::size_t element) {
-    return std::max(std::clamp(chunk_bytes / 2, kMinSegmentBytes, kMaxSegmentBytes) / element * element, element);
-  }
-
-  // Ring allreduce. Chunk c of the buffer is elements [c*count/n, (c+1)*count/n). In step s of
-  // the reduce-scatter, rank r sends chunk (r-s) to its right neighbour and receives chunk
-  // (r-s-1) from its left, reducing it into its own copy; after n-1 steps rank r holds the
-  // final chunk (r+1). The allgather then passes the final chunks around the ring. Chunks are
-  // cut into segments so the reduction of one overlaps the transfer of the next.
-  // Small allreduces on a power-of-two world: recursive doubling, log2(n) exchanges of the
-  // whole buffer with the partner rank ^ distance, what MPI_Allreduce itself does for small
-  // messages (Open MPI's nonblocking MPI_Iallreduce pays several microseconds more). The
-  // reductions are commutative, so both partners compute the same bits.
-  void doubling_allreduce(std::byte* data, std::int64_t count, DType dtype, ReduceOp op) {
-    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
-    const ReduceFunction reduce = reduce_function(dtype, op);
-    reserve_scratch(bytes);
-    const int length = int_count(static_cast<std::int64_t>(bytes), "allreduce");
-    for (int distance = 1; distance < size_; distance *= 2) {
-      const int partner = rank_ ^ distance;
-      MPI_Request requests[2];
-      GRADSYNC_MPI_CHECK(MPI_Irecv(scratch_.data(), length, MPI_BYTE, partner, kDoublingTag, ring_comm_, &requests[0]));
-      GRADSYNC_MPI_CHECK(MPI_Isend(data, length, MPI_BYTE, partner, kDoublingTag, ring_comm_, &requests[1]));
-      complete(requests[0], "allreduce (recursive doubling receive)");
-      complete(requests[1], "allreduce (recursive doubling send)");
-      reduce(data, data, scratch_.data(), static_cast<std::size_t>(count));
-    }
-  }
-  static constexpr int kDoublingTag = 1;  // the ring's messages use tag 0 on ring_comm_
-
-  // The receive buffer only grows: resizing a vector up zero-fills the new bytes, which for a
-  // ring's 8 MiB chunk after a small allreduce costs more than the message itself.
-  void reserve_scratch(std::size_t bytes) {
-    if (scratch_.size() < bytes) scratch_.resize(std::max<std::size_t>(bytes, 1));
-  }
-
-  void ring_allreduce(std::byte* data, std::int64_t count, DType dtype, ReduceOp op) {
-    const int n = size_;
-    const int right = (rank_ + 1) % n;
-    const int left = (rank_ + n - 1) % n;
-    const std::size_t element = dtype_size(dtype);
-    const auto chunk_begin = [=](int chunk) { return static_cast<std::size_t>(count * chunk / n) * element; };
-    const auto chunk_bytes = [=](int chunk) { return chunk_begin(chunk + 1) - chunk_begin(chunk); };
-    const ReduceFunction reduce = reduce_function(dtype, op);
-    const std::size_t segment = segment_size(chunk_bytes(n - 1), element);
-    reserve_scratch(chunk_bytes(n - 1) + element);  // the largest chunk
-
-    for (int step = 0; step < n - 1; ++step) {
-      const int send_chunk = wrap(rank_ - step);
-      const int recv_chunk = wrap(rank_ - step - 1);
-      std::vector<MPI_Request> receives = post_segments(scratch_.data(), chunk_bytes(recv_chunk), segment, left, true);
-      std::vector<MPI_Request> sends = post_segments(data + chunk_begin(send_chunk), chunk_bytes(send_chunk), segment, right, false);
-      std::byte* target = data + chunk_begin(recv_chunk);
-      for (std::size_t i = 0; i < receives.size(); ++i) {
-        complete(receives[i], "ring allreduce (reduce-scatter receive)");
-        const std::size_t offset = i * segment;
-        const std::size_t bytes = std::min(segment, chunk_bytes(recv_chunk) - offset);
-        reduce(target + offset, target + offset, scratch_.data() + offset, bytes / element);
-      }
-      for (MPI_Request& request : sends) complete(request, "ring allreduce (reduce-scatter send)");
-    }
-    // Rank r holds the final chunk r+1: pass the final chunks around.
-    ring_allgather(data, chunk_begin, chunk_bytes, segment, /*first_owned=*/1);
-  }
-
-  // Ring reduce-scatter, out of place: the first half of the ring allreduce, shifted by one
-  // chunk so that rank r ends with chunk r. In step s rank r sends its partial sum of chunk
-  // (r-1-s) right and receives the left neighbour's of chunk (r-2-s), adding its own input to
-  // it. Partial sums alternate between two accumulators (one is on the wire while the other
-  // fills); the last step writes into the output.
-  void ring_reduce_scatter(const std::byte* input, std::byte* output, std::int64_t count, DType dtype, ReduceOp op) {
-    const int right = (rank_ + 1) % size_;
-    const int left = (rank_ + size_ - 1) % size_;
-    const std::size_t element = dtype_size(dtype);
-    const std::size_t bytes = static_cast<std::size_t>(count) * element;
-    const ReduceFunction reduce = reduce_function(dtype, op);
-    const std::size_t segment = segment_size(bytes, element);
-    reserve_scratch(3 * bytes + element);
-    std::byte* received = scratch_.data();
-    std::byte* partial[2] = {scratch_.data() + bytes, scratch_.data() + 2 * bytes};
-    const std::byte* send_from = input + static_cast<std::size_t>(wrap(rank_ - 1)) * bytes;
-    for (int step = 0; step < size_ - 1; ++step) {
-      const std::byte* own = input + static_cast<std::size_t>(wrap(rank_ - 2 - step)) * bytes;
-      std::byte* target = step == size_ - 2 ? output : partial[step % 2];
-      std::vector<MPI_Request> receives = post_segments(received, bytes, segment, left, true);
-      std::vector<MPI_Request> sends = post_segments(const_cast<std::byte*>(send_from), bytes, segment, right, false);
-      for (std::size_t i = 0; i < receives.size(); ++i) {
-        complete(receives[i], "ring reduce_scatter (receive)");
-        const std::size_t offset = i * segment;
-        const std::size_t length = std::min(segment, bytes - offset);
-        reduce(target + offset, own + offset, received + offset, length / element);
-      }
-      for (MPI_Request& request : sends) complete(request, "ring reduce_scatter (send)");
-      send_from = target;
-    }
-  }
-
-  // Ring allgather: rank r owns chunk (r + first_owned) and, in step s, sends chunk
-  // (r + first_owned - s) right and receives chunk (r + first_owned - s - 1) from the left,
-  // straight into place. With `own_source`, rank r's own chunk is not in place yet: step 0 sends
-  // it from there, and it is copied into place while the first messages travel. (Sending the
-  // freshly copied bytes instead costs up to 1.6x at 64 KiB-1 MiB with Open MPI's single-copy
-  // transport: bench_collectives.)
-  template <typename Begin, typename Bytes>
-  void ring_allgather(std::byte* data, Begin chunk_begin, Bytes chunk_bytes, std::size_t segment, int first_owned = 0,
-                      const std::byte* own_source = nullptr) {
-    const int right = (rank_ + 1) % size_;
-    const int left = (rank_ + size_ - 1) % size_;
-    for (int step = 0; step < size_ - 1; ++step) {
-      const int send_chunk = wrap(rank_ + first_owned - step);
-      const int recv_chunk = wrap(rank_ + first_owned - step - 1);
-      const bool from_source = step == 0 && own_source != nullptr;
-      std::byte* send_from = from_source ? const_cast<std::byte*>(own_source) : data + chunk_begin(send_chunk);
-      std::vector<MPI_Request> receives = post_segments(data + chunk_begin(recv_chunk), chunk_bytes(recv_chunk), segment, left, true);
-      std::vector<MPI_Request> sends = post_segments(send_from, chunk_bytes(send_chunk), segment, right, false);
-      if (from_source) std::memcpy(data + chunk_begin(send_chunk), own_source, chunk_bytes(send_chunk));
-      for (MPI_Request& request : receives) complete(request, "ring allgather (receive)");
-      for (MPI_Request& request : sends) complete(request, "ring allgather (send)");
-    }
-  }
-
-  // Pipelined chain broadcast: root -> root+1 -> ... -> root-1, segment by segment, each rank
-  // forwarding a segment as soon as it has it. Every link carries the buffer once.
-  void chain_broadcast(std::byte* data, std::size_t bytes, int root, std::size_t segment) {
-    const int position = wrap(rank_ - root);  // 0 for the root
-    const int right = (rank_ + 1) % size_;
-    const int left = (rank_ + size_ - 1) % size_;
-    const bool forwards = position < size_ - 1;
-    std::vector<MPI_Request> receives;
-    if (position > 0) receives = post_segments(data, bytes, segment, left, true);
-    std::vector<MPI_Request> sends;
-    for (std::size_t i = 0, offset = 0; offset < bytes; ++i, offset += segment) {
-      if (position > 0) complete(receives[i], "chain broadcast (receive)");
-      if (forwards) {
-        MPI_Request request;
-        GRADSYNC_MPI_CHECK(MPI_Isend(data + offset, static_cast<int>(std::min(segment, bytes - offset)), MPI_BYTE, right, 0,
-                                     ring_comm_, &request));
-        sends.push_back(request);
-      }
-    }
-    for (MPI_Request& request : sends) complete(request, "chain broadcast (send)");
-  }
-
-  int wrap(int chunk) const { return ((chunk % size_) + size_) % size_; }
-
-  // Posts one nonblocking message per segment of [data, data + bytes).
-  std::vector<MPI_Request> post_segments(std::byte* data, std::size_t bytes, std::size_t segment, int peer, bool receive) {
-    std::vector<MPI_Request> requests;
-    for (std::size_t offset = 0; offset < bytes; offset += segment) {
-      const int length = static_cast<int>(std::min(segment, bytes - offset));
+   private:
+    MpiBackend& backend_;
+    MPI_Request request_;
+  };
+  class PointToPoint final : public algorithms::Transport {
+   public:
+    explicit PointToPoint(MpiBackend& backend) : backend_(backend) {}
+    int rank() const override { return backend_.rank_; }
+    int size() const override { return backend_.size_; }
+    algorithms::Message send(const std::byte* data, std::size_t bytes, int peer, int tag) override {
       MPI_Request request;
-      if (receive) {
-        GRADSYNC_MPI_CHECK(MPI_Irecv(data + offset, length, MPI_BYTE, peer, 0, ring_comm_, &request));
-      } else {
-        GRADSYNC_MPI_CHECK(MPI_Isend(data + offset, length, MPI_BYTE, peer, 0, ring_comm_, &request));
-      }
-      requests.push_back(request);
+      GRADSYNC_MPI_CHECK(MPI_Isend(data, int_count(static_cast<std::int64_t>(bytes), "send"), MPI_BYTE, peer, tag,
+                                   backend_.ring_comm_, &request));
+      return std::make_unique<Message>(backend_, request);
     }
-    return requests;
-  }
+    algorithms::Message receive(std::byte* data, std::size_t bytes, int peer, int tag) override {
+      MPI_Request request;
+      GRADSYNC_MPI_CHECK(MPI_Irecv(data, int_count(static_cast<std::int64_t>(bytes), "recv"), MPI_BYTE, peer, tag,
+                                   backend_.ring_comm_, &request));
+      return std::make_unique<Message>(backend_, request);
+    }
+
+   private:
+    MpiBackend& backend_;
+  };
 
   // Polls the request until it completes or the timeout passes. Nonblocking collectives
   // progress only inside MPI calls, so the thread keeps calling MPI_Test: a few hundred times
@@ -502,7 +376,7 @@ class MpiBackend final : public Backend {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm ring_comm_ = MPI_COMM_NULL;
-  std::vector<std::byte> scratch_;  // the ring's receive buffer, kept between calls
+  PointToPoint transport_{*this};
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_{300000};
