@@ -1,11 +1,25 @@
-// The argument checks and descriptors every communicator shares (collective.h).
+// What every communicator shares (collective.h): the argument checks, the descriptors, and the
+// resolution of timeouts.
 #include "collective.h"
 
 #include <sstream>
 
+#include "core/environment.h"
 #include "core/staging.h"
 
 namespace gradsync::comm {
+
+// The timeouts every communicator resolves the same way (communicator.h).
+std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) {
+  if (requested.count() > 0) return requested;
+  return environment::timeout().value_or(std::chrono::milliseconds(300000));
+}
+
+std::chrono::milliseconds resolve_rendezvous_timeout(std::chrono::milliseconds requested,
+                                                     std::chrono::milliseconds operation_timeout) {
+  if (requested.count() > 0) return requested;
+  return environment::rendezvous_timeout().value_or(resolve_timeout(operation_timeout));
+}
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

@@ -174,20 +174,10 @@ struct Reducer::Impl {
   }
 
   void drain() noexcept {
+    comm::FirstError ignored;  // the failure that made us drain is the one reported
     for (Bucket& bucket : buckets) {
-      if (bucket.tail_work) {
-        try {
-          bucket.tail_work->wait();
-        } catch (...) {
-        }
-        bucket.tail_work.reset();
-      }
-      if (!bucket.work) continue;
-      try {
-        bucket.work->wait();
-      } catch (...) {
-      }
-      bucket.work.reset();
+      ignored.wait(bucket.tail_work);
+      ignored.wait(bucket.work);
     }
   }
 

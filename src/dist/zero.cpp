@@ -192,27 +192,15 @@ struct ZeroOptimizer::Impl {
     work->wait();
   }
 
-  void wait_all() noexcept(false) {
-    std::exception_ptr first;
-    for (Gather& gather : gathers) {
-      try {
-        wait(gather);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+  void wait_all() {
+    comm::FirstError errors;
+    for (Gather& gather : gathers) errors.wait(gather.work);
+    errors.rethrow();
   }
 
   void drain() noexcept {
-    for (Gather& gather : gathers) {
-      if (!gather.work) continue;
-      try {
-        gather.work->wait();
-      } catch (...) {
-      }
-      gather.work.reset();
-    }
+    comm::FirstError ignored;  // destruction: nothing left to report to
+    for (Gather& gather : gathers) ignored.wait(gather.work);
   }
 };
 

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,45 @@ class Work {
 };
 
 using WorkHandle = std::shared_ptr<Work>;
+
+// "Wait, keep the first error, carry on", NCCL's cleanup idiom, in one place. After a failure
+// every operation still in flight must be waited for (each wait is bounded by its timeout and
+// fails at once on a broken communicator), so that none writes into a buffer its owner is about
+// to reuse or free; but the error worth reporting is the first, not its consequences:
+//
+//   FirstError errors;
+//   errors.run([&] { reducer.wait(); });   // may throw: kept
+//   errors.wait(status_work);               // waited for whatever happened above
+//   errors.rethrow();                       // the first error, if any
+class FirstError {
+ public:
+  // Runs `step`; keeps what it throws when nothing was thrown before, drops it otherwise.
+  template <typename Step>
+  void run(Step&& step) noexcept {
+    try {
+      step();
+    } catch (...) {
+      if (!first_) first_ = std::current_exception();
+    }
+  }
+  // Waits for `work` (nothing when it is null) and lets go of it.
+  void wait(WorkHandle& work) noexcept {
+    run([&] {
+      if (!work) return;
+      const WorkHandle waited = std::move(work);
+      work.reset();
+      waited->wait();
+    });
+  }
+  bool failed() const { return first_ != nullptr; }
+  const std::exception_ptr& error() const { return first_; }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::exception_ptr first_;
+};
 
 class Communicator {
  public:
