@@ -24,7 +24,7 @@
 #include "bench_common.h"
 #include "gradsync/core/timeline.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/sync_strategy.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/nn/loss.h"

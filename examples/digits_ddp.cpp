@@ -148,8 +148,12 @@ int main(int argc, char** argv) try {
   std::optional<dist::Join> join;
   const examples::UnevenInputs uneven{
       .enter = [&] {
-        if (ddp) join.emplace(ddp->data_parallel(), dist::JoinOptions{.divide_by_initial_world_size = !divide_by_active},
-                              training->optimizer.get());
+        if (!ddp) return;
+        // A ZeroOptimizer joins with its DataParallel: a joined rank keeps stepping its pieces.
+        std::vector<dist::Joinable*> participants{&ddp->data_parallel()};
+        if (zero) participants.push_back(zero.get());
+        join.emplace(participants, dist::JoinOptions{.divide_by_initial_world_size = !divide_by_active},
+                     training->optimizer.get());
       },
       .join = [&] {
         const int last = join ? join->join() : 0;

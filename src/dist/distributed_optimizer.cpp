@@ -1,8 +1,6 @@
 // The DistributedOptimizer (gradsync/dist/distributed_optimizer.h).
 #include "gradsync/dist/distributed_optimizer.h"
 
-#include "gradsync/optim/clip.h"
-
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -10,14 +8,13 @@
 #include <sstream>
 #include <utility>
 
-#include <cstring>
-
-#include <nlohmann/json.hpp>
-
-#include "consistency.h"
-#include "join_census.h"
 #include "gradsync/dist/adasum.h"
+#include "gradsync/dist/replicas.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/optim/clip.h"
+#include "join_loop.h"
+#include "sparse_gradients.h"
+#include "step_status.h"
 
 namespace gradsync::dist {
 
@@ -66,12 +63,6 @@ std::vector<std::vector<Parameter*>> split_into(const std::vector<Parameter*>& p
   return groups;
 }
 
-// A row-sparse gradient, accumulated over backward passes by concatenation.
-struct SparseRows {
-  std::vector<std::int64_t> indices;
-  std::vector<double> values;  // indices.size() x row elements, in f64 until reduced
-};
-
 }  // namespace
 
 struct DistributedOptimizer::Impl {
@@ -82,7 +73,8 @@ struct DistributedOptimizer::Impl {
   std::vector<Parameter*> parameters;  // the wrapped ones, in registry order
   std::map<const Parameter*, std::string> name_of;
   std::set<const Parameter*> sparse;  // declared sparse and not sent as dense
-  std::map<const Parameter*, SparseRows> sparse_rows;
+  std::vector<Parameter*> sparse_in_order;  // the same, in registry order
+  SparseGradients sparse_rows;
   std::map<const Parameter*, int> delay;
   std::set<const Parameter*> seen;  // had a backward pass since the last synchronization
   std::vector<std::vector<Parameter*>> groups;
@@ -100,10 +92,6 @@ struct DistributedOptimizer::Impl {
 
   Impl(optim::Optimizer& optimizer_, comm::Communicator& comm_, DistributedOptimizerOptions options_)
       : optimizer(optimizer_), comm(comm_), options(std::move(options_)) {}
-
-  std::int64_t row_elements(const Parameter& parameter) const {
-    return parameter.shape().empty() ? 1 : parameter.numel() / parameter.shape()[0];
-  }
 
   void validate_and_build() {
     // Horovod's factory checks, in its order.
@@ -134,6 +122,9 @@ struct DistributedOptimizer::Impl {
                      parameter ? "'" + parameter->name() + "'" : std::string("a null pointer"),
                      " is not a parameter of the wrapped optimizer");
       if (!options.sparse_as_dense) sparse.insert(parameter);
+    }
+    for (Parameter* parameter : parameters) {
+      if (sparse.count(parameter)) sparse_in_order.push_back(parameter);
     }
     for (const Parameter* parameter : parameters) delay[parameter] = options.backward_passes_per_step;
     form_groups();
@@ -319,148 +310,64 @@ struct DistributedOptimizer::Impl {
     }
   }
 
-  // Sparse parameters: every rank takes part, in registry order, with whatever rows it has
-  // (none is fine): counts, then indices, then values, through allgatherv. The result is
-  // written densely into the gradient (our optimizers are dense).
-  void reduce_sparse() {
-    for (Parameter* parameter : parameters) {
-      if (!sparse.count(parameter)) continue;
-      SparseRows& mine = sparse_rows[parameter];
-      const std::int64_t row = row_elements(*parameter);
-      Tensor my_count = Tensor::zeros({1}, DType::i64);
-      my_count.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(mine.indices.size());
-      Tensor all_counts = Tensor::zeros({comm.size()}, DType::i64);
-      comm.allgather_host(my_count, all_counts);
-      std::vector<std::int64_t> counts(all_counts.data_as<std::int64_t>(),
-                                       all_counts.data_as<std::int64_t>() + comm.size());
-      std::int64_t total = 0;
-      for (const std::int64_t count : counts) total += count;
-
-      Tensor indices = Tensor::zeros({static_cast<std::int64_t>(mine.indices.size())}, DType::i64);
-      std::copy(mine.indices.begin(), mine.indices.end(), indices.data_as<std::int64_t>());
-      Tensor all_indices = Tensor::zeros({total}, DType::i64);
-      comm.allgatherv_host(indices, all_indices, counts);
-
-      // Values travel in the parameter's dtype, or compressed.
-      DType wire = parameter->grad_dtype();
-      if (options.compression == Compression::fp16 && is_floating(wire)) wire = DType::f16;
-      if (options.compression == Compression::bf16 && is_floating(wire)) wire = DType::bf16;
-      Tensor values = Tensor::from_vector(mine.values, {static_cast<std::int64_t>(mine.values.size())}).to(wire);
-      std::vector<std::int64_t> value_counts;
-      for (const std::int64_t count : counts) value_counts.push_back(count * row);
-      Tensor all_values = Tensor::zeros({total * row}, wire);
-      comm.allgatherv_host(values, all_values, value_counts);
-
-      // Densify: duplicate rows add, as a coalesced sparse tensor's do.
-      std::vector<double> dense(static_cast<std::size_t>(parameter->numel()), 0.0);
-      const std::vector<double> gathered = all_values.to_double_vector();
-      const std::int64_t* at = all_indices.data_as<std::int64_t>();
-      for (std::int64_t k = 0; k < total; ++k) {
-        for (std::int64_t e = 0; e < row; ++e) {
-          dense[static_cast<std::size_t>(at[k] * row + e)] += gathered[static_cast<std::size_t>(k * row + e)];
-        }
-      }
-      if (options.op == Op::average) {
-        for (double& value : dense) value /= comm.size();
-      }
-      parameter->grad_for_overwrite().copy_from(
-          Tensor::from_vector(dense, parameter->shape()).to(parameter->grad_dtype()).to(parameter->device()));
-      mine = SparseRows{};
-    }
-  }
-
-  // One rank, or Adasum: sparse rows become the local dense gradient.
-  void densify_local_sparse() {
-    for (Parameter* parameter : parameters) {
-      auto found = sparse_rows.find(parameter);
-      if (found == sparse_rows.end() || found->second.indices.empty()) continue;
-      const std::int64_t row = row_elements(*parameter);
-      std::vector<double> dense(static_cast<std::size_t>(parameter->numel()), 0.0);
-      for (std::size_t k = 0; k < found->second.indices.size(); ++k) {
-        for (std::int64_t e = 0; e < row; ++e) {
-          dense[static_cast<std::size_t>(found->second.indices[k] * row + e)] +=
-              found->second.values[k * static_cast<std::size_t>(row) + static_cast<std::size_t>(e)];
-        }
-      }
-      parameter->grad_for_overwrite().copy_from(
-          Tensor::from_vector(dense, parameter->shape()).to(parameter->grad_dtype()).to(parameter->device()));
-      found->second = SparseRows{};
-    }
-  }
-
   void synchronize() {
     guarded("synchronize", [&] { synchronize_unguarded(); });
   }
 
-  // One synchronization: the buckets, a status allreduce with one word per rank (who has
-  // joined, join_census.h), the sparse allgathers, the waits. `join_flags` are this rank's
+  // One synchronization: the buckets, the status allreduce with one word per rank (who has
+  // joined, step_status.h), the sparse allgathers, the waits. `join_flags` are this rank's
   // flags when it is a shadow synchronization (join()).
-  join_detail::Census synchronize_unguarded(int join_flags = 0) {
+  Census synchronize_unguarded(int join_flags = 0) {
     if (!distributed || adasum) {
-      if (!distributed) densify_local_sparse();
+      if (!distributed) sparse_rows.densify_locally(parameters);
       synchronized = true;
       return {};
     }
     if (reducer) reducer->finish();
-    Tensor status = Tensor::zeros({comm.size()}, DType::f64);
-    status.data_as<double>()[comm.rank()] = join_flags;
-    comm::WorkHandle status_work = comm.allreduce_host_async(status, comm::ReduceOp::sum);
-    try {
-      reduce_sparse();
+    StepStatus status(/*parameters=*/0, comm);
+    status.set_flags(join_flags);
+    status.exchange(comm, [&] {
+      sparse_rows.reduce(comm, sparse_in_order, options.compression, options.op == Op::average);
       if (reducer) reducer->wait();
-    } catch (...) {
-      try {  // `status` is still being written: wait (bounded) before it goes away
-        status_work->wait();
-      } catch (...) {
-      }
-      throw;
-    }
-    status_work->wait();
+    });
     reset_counters();
     synchronized = true;
-    return join_detail::read_census(status.data_as<double>(), comm.size());
+    return status.census();
   }
 
-  int join() {
+  // join.h's Joinable, for hvd.join(): what cannot be shadowed, and one shadow step.
+  void require_joinable() const {
     GRADSYNC_CHECK(!zero, "join is not supported with zero_stage: a joined rank would have to keep stepping its pieces; "
                           "use DataParallel with dist::Join and ZeroOptimizer, which does");
     GRADSYNC_CHECK(!adasum, "join is not supported with Adasum: its reduction happens inside a local optimizer step, "
                             "which a rank without data cannot take");
     GRADSYNC_CHECK(!(reducer && reducer->round_started()),
                    "join() with this backward's reductions already launched: call step() or synchronize() first");
-    if (!distributed) return 0;
-    int flags = join_detail::kJoined | join_detail::kJoinedThisStep;
-    int last_joiner = comm.rank();
-    guarded("join", [&] {
-      for (;;) {
-        // Zeros: a partial accumulation window (or anything left in the buffers) must not
-        // reach the others' average.
-        reset_counters();
-        sparse_rows.clear();
-        for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
-        join_detail::Census census;
-        try {
-          census = synchronize_unguarded(flags);
-        } catch (const std::exception& error) {
-          join_detail::rethrow_from_shadow_step(error);
-        }
-        if (census.joined == comm.size()) {
-          last_joiner = census.last_joiner;
-          break;
-        }
-        flags = join_detail::kJoined;
-      }
-      for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
-      synchronized = false;
-    });
-    return last_joiner;
+  }
+
+  void shadow_step(JoinStep& step) {
+    // Zeros: a partial accumulation window (or anything left in the buffers) must not reach the
+    // others' average.
+    reset_counters();
+    sparse_rows.clear();
+    for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+    const Census census = synchronize_unguarded(step.first ? kJoined | kJoinedThisStep : kJoined);
+    step.synchronized = true;
+    step.joined = census.joined;
+    step.world = comm.size();
+    step.last_joiner = census.last_joiner;
+  }
+
+  void finish_join() {
+    for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+    synchronized = false;
   }
 
   // Horovod's Adasum optimizer: a local step, then the Adasum of every rank's delta, added to
   // the starting point. The gradient buffers carry the deltas through the Reducer (so the
   // bucketing and the per-tensor rule are the Reducer's); afterwards they hold the reduced delta.
   void adasum_step() {
-    densify_local_sparse();
+    sparse_rows.densify_locally(parameters);
     std::vector<Tensor> start;
     for (Parameter* parameter : parameters) start.push_back(parameter->value().clone());
     optimizer.step();
@@ -488,11 +395,23 @@ DistributedOptimizer::DistributedOptimizer(optim::Optimizer& optimizer, comm::Co
 DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::synchronize() { impl_->synchronize(); }
-int DistributedOptimizer::join() { return impl_->join(); }
+int DistributedOptimizer::join() {
+  impl_->require_joinable();
+  if (!impl_->distributed) return 0;
+  int last_joiner = impl_->comm.rank();
+  impl_->guarded("join", [&] { last_joiner = run_join_loop({this}, /*throw_on_early_termination=*/false); });
+  return last_joiner;
+}
+
+void DistributedOptimizer::join_opened(const JoinOptions*) {}  // hvd.join: the active ranks need no Join
+void DistributedOptimizer::require_joinable() const { impl_->require_joinable(); }
+void DistributedOptimizer::shadow_step(JoinStep& step) { impl_->shadow_step(step); }
+void DistributedOptimizer::finish_join(int) { impl_->finish_join(); }
+comm::Communicator& DistributedOptimizer::join_communicator() const { return impl_->comm; }
 
 void DistributedOptimizer::step() {
   if (!impl_->distributed) {
-    impl_->densify_local_sparse();
+    impl_->sparse_rows.densify_locally(impl_->parameters);
     impl_->reset_counters();
     impl_->optimizer.step();
     return;
@@ -515,7 +434,7 @@ void DistributedOptimizer::step() {
 
 double DistributedOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   if (!impl_->distributed) {
-    impl_->densify_local_sparse();
+    impl_->sparse_rows.densify_locally(impl_->parameters);
   } else if (!impl_->adasum) {
     synchronize();
     impl_->clipped = true;
@@ -563,37 +482,15 @@ void DistributedOptimizer::set_sparse_grad(Parameter& parameter, const Tensor& i
                                   &parameter) != impl_->options.sparse_parameters.end();
   GRADSYNC_CHECK(declared, "set_sparse_grad: '", parameter.name(),
                  "' was not declared in sparse_parameters (every rank must know which gradients are sparse)");
-  const std::int64_t row = impl_->row_elements(parameter);
-  const std::int64_t rows_count = parameter.shape().empty() ? 1 : parameter.shape()[0];
-  GRADSYNC_CHECK(indices.dtype() == DType::i64 && indices.shape().size() == 1, "set_sparse_grad('", parameter.name(),
-                 "'): indices must be a 1-D i64 tensor, got ", indices.describe());
-  GRADSYNC_CHECK(rows.numel() == indices.numel() * row, "set_sparse_grad('", parameter.name(), "'): ", indices.numel(),
-                 " indices need ", indices.numel() * row, " row elements, got ", rows.describe());
-  const Tensor host_indices = indices.to(Device::cpu());
-  const std::int64_t* at = host_indices.data_as<std::int64_t>();
-  for (std::int64_t k = 0; k < indices.numel(); ++k) {
-    GRADSYNC_CHECK(at[k] >= 0 && at[k] < rows_count, "set_sparse_grad('", parameter.name(), "'): index ", at[k],
-                   " is outside its ", rows_count, " rows");
-  }
+  SparseGradients::validate(parameter, indices, rows);
   if (impl_->options.sparse_as_dense) {
-    // Densify into the gradient (adding to what earlier passes left), then it is a dense
-    // gradient like any other.
-    std::vector<double> dense = parameter.grad_defined() ? parameter.grad().to_double_vector()
-                                                         : std::vector<double>(static_cast<std::size_t>(parameter.numel()), 0.0);
-    const std::vector<double> values = rows.to_double_vector();
-    for (std::int64_t k = 0; k < indices.numel(); ++k) {
-      for (std::int64_t e = 0; e < row; ++e) {
-        dense[static_cast<std::size_t>(at[k] * row + e)] += values[static_cast<std::size_t>(k * row + e)];
-      }
-    }
-    parameter.set_grad(Tensor::from_vector(dense, parameter.shape()).to(parameter.grad_dtype()));
+    // Densified into the gradient (adding to what earlier passes left), it is a dense gradient
+    // like any other.
+    SparseGradients::add_into_gradient(parameter, indices, rows);
     impl_->optimizer.registry().mark_ready(parameter);
     return;
   }
-  SparseRows& accumulated = impl_->sparse_rows[&parameter];
-  accumulated.indices.insert(accumulated.indices.end(), at, at + indices.numel());
-  const std::vector<double> values = rows.to_double_vector();
-  accumulated.values.insert(accumulated.values.end(), values.begin(), values.end());
+  impl_->sparse_rows.accumulate(parameter, indices, rows);
   if (impl_->distributed) impl_->count_pass(parameter);
 }
 
@@ -616,80 +513,6 @@ std::vector<std::vector<std::string>> DistributedOptimizer::group_names() const 
     for (const Parameter* member : group) names.back().push_back(impl_->name_of.at(member));
   }
   return names;
-}
-
-void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicator& comm, const std::string& who) {
-  // The kind, then every group's members and hyperparameters, one line each.
-  std::vector<std::string> lines{std::string("optimizer ") + optimizer.name() + " with " +
-                                 std::to_string(optimizer.group_count()) + " group(s)"};
-  for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
-    std::ostringstream line;
-    line << "group " << g << " (" << optimizer.group_parameters(g).size() << " parameters):";
-    line.precision(17);
-    for (const auto& [name, value] : optimizer.hyperparameters(g)) line << " " << name << "=" << value;
-    lines.push_back(line.str());
-  }
-  require_same_lines(comm, lines, who, "optimizer configuration");
-}
-
-void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root) {
-  GRADSYNC_CHECK(registry.finalized(), "broadcast_parameters: finalize the registry first");
-  std::vector<const Parameter*> all;
-  std::vector<std::string> names;
-  for (const Parameter& parameter : registry) {
-    all.push_back(&parameter);
-    names.push_back(parameter.name());
-  }
-  require_same_parameters(comm, all, names, "broadcast_parameters");
-  for (const Arena& arena : registry.arenas()) {
-    Tensor values = arena.values;  // one collective per arena: a few large messages
-    comm.broadcast(values, root);
-  }
-}
-
-void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
-  // The state travels as the contents of the optimizer's own checkpoint (state_tensors and
-  // state_metadata), so load_state validates it exactly as it validates a file: one message
-  // describes it (metadata, names, dtypes, shapes), one carries every tensor's bytes.
-  std::vector<io::NamedTensor> tensors;
-  nlohmann::json description;
-  if (comm.rank() == root) {
-    tensors = optimizer.state_tensors();
-    description["metadata"] = optimizer.state_metadata();
-    description["tensors"] = nlohmann::json::array();
-    for (const io::NamedTensor& tensor : tensors) {
-      description["tensors"].push_back({tensor.name, dtype_safetensors_name(tensor.tensor.dtype()), tensor.tensor.shape()});
-    }
-  }
-  description = nlohmann::json::parse(broadcast_bytes(comm, comm.rank() == root ? description.dump() : std::string(), root));
-  const auto aligned = [](std::size_t bytes) { return (bytes + 7) / 8 * 8; };
-  std::size_t total = 0;
-  if (comm.rank() != root) {
-    for (const auto& entry : description["tensors"]) {
-      const Shape shape = entry[2].get<Shape>();
-      tensors.push_back({entry[0].get<std::string>(), Tensor::empty(shape, dtype_from_safetensors_name(entry[1].get<std::string>()))});
-    }
-  }
-  for (const io::NamedTensor& tensor : tensors) total += aligned(tensor.tensor.nbytes());
-  Tensor packed = Tensor::zeros({static_cast<std::int64_t>(total / 8)}, DType::f64);  // 8-byte words
-  char* bytes = static_cast<char*>(packed.data());
-  std::size_t at = 0;
-  for (const io::NamedTensor& tensor : tensors) {
-    if (comm.rank() == root) {
-      const Tensor host = tensor.tensor.device().is_cpu() ? tensor.tensor : tensor.tensor.to(Device::cpu());
-      std::memcpy(bytes + at, host.data(), host.nbytes());
-    }
-    at += aligned(tensor.tensor.nbytes());
-  }
-  comm.broadcast_host(packed, root);
-  if (comm.rank() == root) return;
-  at = 0;
-  for (io::NamedTensor& tensor : tensors) {
-    std::memcpy(tensor.tensor.data(), bytes + at, tensor.tensor.nbytes());
-    at += aligned(tensor.tensor.nbytes());
-  }
-  optimizer.load_state(tensors, description["metadata"].get<io::Metadata>(),
-                       "rank " + std::to_string(root) + "'s optimizer state (broadcast_optimizer_state)");
 }
 
 }  // namespace gradsync::dist

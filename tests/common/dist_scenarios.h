@@ -16,7 +16,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/dist/adasum.h"
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/sync_strategy.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/reducer.h"
 #include "gradsync/optim/adam.h"

@@ -94,7 +94,10 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
   for (int epoch = 0; epoch < c.epochs; ++epoch) {
     std::vector<int> counts;
     for (int r = 0; r < world; ++r) counts.push_back(c.count(r, epoch, world));
-    dist::Join join(ddp, {.divide_by_initial_world_size = c.divide_by_initial_world_size}, optimizer.get());
+    // A ZeroOptimizer joins with its DataParallel: a joined rank keeps stepping its pieces.
+    std::vector<dist::Joinable*> participants{&ddp};
+    if (zero) participants.push_back(zero.get());
+    dist::Join join(participants, {.divide_by_initial_world_size = c.divide_by_initial_world_size}, optimizer.get());
     for (int step = 0; step < counts[static_cast<std::size_t>(comm.rank())]; ++step) {
       for (int mb = 0; mb < micro; ++mb) {
         auto context = dist::ddp_sync_context(ddp, mb + 1 == micro, c.strategy);

@@ -9,7 +9,7 @@
 #include "device_scenarios.h"
 #include "dist_scenarios.h"
 #include "gradsync/comm/gloo.h"
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/sync_strategy.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/grad_scaler.h"

@@ -294,10 +294,16 @@ TEST(Zero, Errors) {
     EXPECT_GRADSYNC_ERROR(sgd->save_state(testing::TempDir().path() / "state.safetensors"), "is sharded (ZeRO)");
     {
       // Under Join with a GradScaler's unscale pending: a skipped step would strand the joined ranks.
-      dist::Join join(ddp);
+      dist::Join join({&ddp, &zero});
       sgd->defer_gradient_unscale(0.5);
       EXPECT_GRADSYNC_ERROR(zero.step(), "with a GradScaler is not supported");
       sgd->discard_gradient_factors();
+      join.join();
+    }
+    {
+      // A Join over the DataParallel alone: the ZeroOptimizer's step is a clear error, not a hang.
+      dist::Join join(ddp);
+      EXPECT_GRADSYNC_ERROR(zero.step(), "does not include this ZeroOptimizer", "dist::Join({&ddp, &zero}");
       join.join();
     }
   });

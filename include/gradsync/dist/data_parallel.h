@@ -1,5 +1,6 @@
-// gradsync/dist/data_parallel.h - PyTorch DDP's gradient synchronization for any engine, and
-// Composer's sync strategies on top.
+// gradsync/dist/data_parallel.h - PyTorch DDP's gradient synchronization for any engine.
+// Composer's sync strategies over it are in sync_strategy.h, uneven inputs in join.h, ZeRO in
+// zero.h.
 //
 // The low-level API, for a custom engine (no Module class needed):
 //
@@ -34,13 +35,13 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/dist/reducer.h"
 #include "gradsync/registry/parameter_registry.h"
 
@@ -57,14 +58,12 @@ struct DataParallelOptions {
   bool shard_gradients = false;
 };
 
-class DDPSyncContext;
-class Join;
-class ZeroOptimizer;
+class SyncState;  // Composer's sync strategies' state (sync_strategy.h)
 
-class DataParallel {
+class DataParallel : public Joinable {
  public:
   DataParallel(ParameterRegistry& registry, comm::Communicator& comm, DataParallelOptions options = {});
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -101,62 +100,21 @@ class DataParallel {
   comm::Communicator& communicator() const;
   ParameterRegistry& registry() const;
   const DataParallelOptions& options() const;
+  // The state of Composer's sync strategies for this DataParallel (AUTO's trials, the average
+  // carried between microbatches): ddp_sync_context's, not the engine's.
+  SyncState& sync_state();
+
+  // Joinable (join.h): a joined rank's shadow step is every bucket in bucket order, with zeros,
+  // and the status; at the end, the last joiner's parameters and buffers everywhere.
+  void join_opened(const JoinOptions* options) override;
+  void require_joinable() const override;
+  void shadow_step(JoinStep& step) override;
+  void finish_join(int last_joiner) override;
+  comm::Communicator& join_communicator() const override;
 
  private:
-  friend class NoSync;
-  friend class DDPSyncContext;
-  friend class Join;
-  friend class ZeroOptimizer;
-  // ZeRO's part in a join: what a joined rank runs after each synchronized step that does not
-  // carry, when the active ranks step a collective optimizer.
-  void set_shadow_optimizer_step(std::function<void()> step);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// ---- Composer's sync strategies --------------------------------------------------------------
-
-enum class DDPSyncStrategy { single_auto_sync, multi_auto_sync, forced_sync, auto_select };
-const char* sync_strategy_name(DDPSyncStrategy strategy);
-// "single_auto_sync" | "multi_auto_sync" | "forced_sync" | "auto"; anything else is an error listing them.
-DDPSyncStrategy parse_sync_strategy(const std::string& text);
-// Composer's trainer default: MULTI when find_unused_parameters, else SINGLE.
-DDPSyncStrategy default_sync_strategy(bool find_unused_parameters);
-
-// Composer's ddp_sync_context, as an RAII guard around one microbatch (its forward and backward):
-//  * SINGLE: microbatches before the final one run under no_sync; the final one syncs during
-//    its backward (overlapped);
-//  * MULTI: every microbatch syncs;
-//  * FORCED: every microbatch runs under no_sync; when the final one's guard closes, every
-//    gradient is reduced (synchronize_all: bucketed, zero-filled where undefined, defined
-//    versus undefined from the reduced bitmap, so it cannot hang when ranks differ in which
-//    gradients exist, Composer #1086);
-//  * AUTO (ours): the first windows try each of the three (two windows each), then the
-//    fastest by the ranks' summed window times is kept for the rest of the run; the choice is
-//    the same on every rank and is logged once.
-// close() ends the context (and runs FORCED's synchronization, which can throw); the destructor
-// calls it unless an exception is already unwinding (then nothing is communicated).
-class DDPSyncContext {
- public:
-  DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy);
-  ~DDPSyncContext() noexcept(false);
-  DDPSyncContext(const DDPSyncContext&) = delete;
-  DDPSyncContext& operator=(const DDPSyncContext&) = delete;
-  void close();
-  DDPSyncStrategy strategy() const { return strategy_; }  // AUTO: the one used for this window
-
- private:
-  DataParallel& ddp_;
-  bool final_;
-  DDPSyncStrategy strategy_;
-  bool auto_window_ = false;
-  std::optional<DataParallel::NoSync> no_sync_;
-  bool closed_ = false;
-  int uncaught_ = 0;
-};
-
-[[nodiscard]] inline DDPSyncContext ddp_sync_context(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy) {
-  return DDPSyncContext(ddp, is_final_microbatch, strategy);
-}
 
 }  // namespace gradsync::dist

@@ -31,7 +31,9 @@
 #include <vector>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/dist/reducer.h"
+#include "gradsync/dist/replicas.h"  // require_same_optimizer, broadcast_parameters, broadcast_optimizer_state
 #include "gradsync/dist/zero.h"
 #include "gradsync/optim/optimizer.h"
 
@@ -69,10 +71,10 @@ struct DistributedOptimizerOptions {
   bool reduce_with_one_rank = false;
 };
 
-class DistributedOptimizer {
+class DistributedOptimizer : public Joinable {
  public:
   DistributedOptimizer(optim::Optimizer& optimizer, comm::Communicator& comm, DistributedOptimizerOptions options = {});
-  ~DistributedOptimizer();
+  ~DistributedOptimizer() override;
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
@@ -137,6 +139,14 @@ class DistributedOptimizer {
   // The groups as formed (after the integer split or the list validation), by name.
   std::vector<std::vector<std::string>> group_names() const;
 
+  // Joinable (join.h), what join() runs: a shadow synchronization is every bucket with zeros,
+  // the sparse allgathers with no rows, and the status.
+  void join_opened(const JoinOptions* options) override;
+  void require_joinable() const override;
+  void shadow_step(JoinStep& step) override;
+  void finish_join(int last_joiner) override;
+  comm::Communicator& join_communicator() const override;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -146,16 +156,5 @@ class DistributedOptimizer {
 // nothing stays pending: the Reducer has waited for its buckets, the accumulation window
 // restarts and sparse rows are dropped, so zero_grad() and load_state() work; step() and
 // synchronize() refuse from then on, quoting the original failure.
-
-// Collective: every rank's optimizer has the same kind, groups and hyperparameters;
-// otherwise an error on every rank naming the first difference and both ranks' views. The
-// DistributedOptimizer checks this at construction; with DataParallel, call it yourself.
-void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicator& comm,
-                            const std::string& who = "require_same_optimizer");
-
-// After these, every rank holds root's parameter values, and root's optimizer state
-// (buffers, step counts, hyperparameters).
-void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root = 0);
-void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root = 0);
 
 }  // namespace gradsync::dist

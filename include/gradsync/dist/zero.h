@@ -34,6 +34,7 @@
 #include <memory>
 
 #include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/optim/optimizer.h"
 
 namespace gradsync::dist {
@@ -42,7 +43,7 @@ struct ZeroOptions {
   int stage = 1;  // 1: optimizer state sharded; 2: gradients too (DataParallel's shard_gradients)
 };
 
-class ZeroOptimizer {
+class ZeroOptimizer : public Joinable {
  public:
   // Shards `optimizer` (which must not have stepped yet) over the DataParallel's buckets.
   // Collective: every rank the same stage, the same buckets.
@@ -51,7 +52,7 @@ class ZeroOptimizer {
   // zero_stage); `comm` is the one the Reducer was made from. Stage 2 needs a Reducer that
   // reduce-scatters (ReducerOptions::reduce_scatter). Collective.
   ZeroOptimizer(optim::Optimizer& optimizer, const Reducer& reducer, comm::Communicator& comm, ZeroOptions options = {});
-  ~ZeroOptimizer();
+  ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
@@ -101,6 +102,15 @@ class ZeroOptimizer {
   // error unless `reshard`: then each rank reads its pieces from whichever files hold them.
   // Collective.
   void load_sharded(const std::filesystem::path& folder, bool reshard = false);
+
+  // Joinable (join.h): under dist::Join({&ddp, &zero}), a joined rank keeps stepping its pieces
+  // (they are nobody else's) and takes part in the gathers and the clipping norm: each
+  // collective phase of an active rank's step starts with a small control allreduce that the
+  // joined rank answers (docs/zero.md).
+  void join_opened(const JoinOptions* options) override;
+  void shadow_step(JoinStep& step) override;
+  void finish_join(int last_joiner) override;
+  comm::Communicator& join_communicator() const override;
 
  private:
   struct Impl;

@@ -1,8 +1,10 @@
-// The cross-rank parameter check (consistency.h).
-#include "consistency.h"
+// Making and checking identical replicas (gradsync/dist/replicas.h).
+#include "gradsync/dist/replicas.h"
 
 #include <cstring>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace gradsync::dist {
 
@@ -88,6 +90,80 @@ void require_same_parameters(comm::Communicator& comm, const std::vector<const P
   std::vector<std::string> lines;
   for (std::size_t i = 0; i < parameters.size(); ++i) lines.push_back(describe(*parameters[i], names[i]));
   require_same_lines(comm, lines, who, "parameters", "Parameter");
+}
+
+void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicator& comm, const std::string& who) {
+  // The kind, then every group's members and hyperparameters, one line each.
+  std::vector<std::string> lines{std::string("optimizer ") + optimizer.name() + " with " +
+                                 std::to_string(optimizer.group_count()) + " group(s)"};
+  for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
+    std::ostringstream line;
+    line << "group " << g << " (" << optimizer.group_parameters(g).size() << " parameters):";
+    line.precision(17);
+    for (const auto& [name, value] : optimizer.hyperparameters(g)) line << " " << name << "=" << value;
+    lines.push_back(line.str());
+  }
+  require_same_lines(comm, lines, who, "optimizer configuration");
+}
+
+void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root) {
+  GRADSYNC_CHECK(registry.finalized(), "broadcast_parameters: finalize the registry first");
+  std::vector<const Parameter*> all;
+  std::vector<std::string> names;
+  for (const Parameter& parameter : registry) {
+    all.push_back(&parameter);
+    names.push_back(parameter.name());
+  }
+  require_same_parameters(comm, all, names, "broadcast_parameters");
+  for (const Arena& arena : registry.arenas()) {
+    Tensor values = arena.values;  // one collective per arena: a few large messages
+    comm.broadcast(values, root);
+  }
+}
+
+void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
+  // The state travels as the contents of the optimizer's own checkpoint (state_tensors and
+  // state_metadata), so load_state validates it exactly as it validates a file: one message
+  // describes it (metadata, names, dtypes, shapes), one carries every tensor's bytes.
+  std::vector<io::NamedTensor> tensors;
+  nlohmann::json description;
+  if (comm.rank() == root) {
+    tensors = optimizer.state_tensors();
+    description["metadata"] = optimizer.state_metadata();
+    description["tensors"] = nlohmann::json::array();
+    for (const io::NamedTensor& tensor : tensors) {
+      description["tensors"].push_back({tensor.name, dtype_safetensors_name(tensor.tensor.dtype()), tensor.tensor.shape()});
+    }
+  }
+  description = nlohmann::json::parse(broadcast_bytes(comm, comm.rank() == root ? description.dump() : std::string(), root));
+  const auto aligned = [](std::size_t bytes) { return (bytes + 7) / 8 * 8; };
+  std::size_t total = 0;
+  if (comm.rank() != root) {
+    for (const auto& entry : description["tensors"]) {
+      const Shape shape = entry[2].get<Shape>();
+      tensors.push_back({entry[0].get<std::string>(), Tensor::empty(shape, dtype_from_safetensors_name(entry[1].get<std::string>()))});
+    }
+  }
+  for (const io::NamedTensor& tensor : tensors) total += aligned(tensor.tensor.nbytes());
+  Tensor packed = Tensor::zeros({static_cast<std::int64_t>(total / 8)}, DType::f64);  // 8-byte words
+  char* bytes = static_cast<char*>(packed.data());
+  std::size_t at = 0;
+  for (const io::NamedTensor& tensor : tensors) {
+    if (comm.rank() == root) {
+      const Tensor host = tensor.tensor.device().is_cpu() ? tensor.tensor : tensor.tensor.to(Device::cpu());
+      std::memcpy(bytes + at, host.data(), host.nbytes());
+    }
+    at += aligned(tensor.tensor.nbytes());
+  }
+  comm.broadcast_host(packed, root);
+  if (comm.rank() == root) return;
+  at = 0;
+  for (io::NamedTensor& tensor : tensors) {
+    std::memcpy(tensor.tensor.data(), bytes + at, tensor.tensor.nbytes());
+    at += aligned(tensor.tensor.nbytes());
+  }
+  optimizer.load_state(tensors, description["metadata"].get<io::Metadata>(),
+                       "rank " + std::to_string(root) + "'s optimizer state (broadcast_optimizer_state)");
 }
 
 }  // namespace gradsync::dist
