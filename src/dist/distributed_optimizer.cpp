@@ -12,58 +12,12 @@
 #include "gradsync/dist/replicas.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
+#include "horovod_arguments.h"
 #include "join_loop.h"
 #include "sparse_gradients.h"
 #include "step_status.h"
 
 namespace gradsync::dist {
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::average: return "average";
-    case Op::sum: return "sum";
-    case Op::adasum: return "adasum";
-    case Op::min: return "min";
-    case Op::max: return "max";
-    case Op::product: return "product";
-  }
-  return "?";
-}
-
-Op parse_op(const std::string& text) {
-  for (Op op : {Op::average, Op::sum, Op::adasum, Op::min, Op::max, Op::product}) {
-    if (text == op_name(op)) return op;
-  }
-  detail::throw_error("unknown op '", text, "': expected one of average, sum, adasum, min, max, product");
-}
-
-namespace {
-
-comm::ReduceOp comm_op(Op op) {
-  switch (op) {
-    case Op::min: return comm::ReduceOp::min;
-    case Op::max: return comm::ReduceOp::max;
-    case Op::product: return comm::ReduceOp::prod;
-    default: return comm::ReduceOp::sum;  // average = sum with scale factors, as Horovod's core
-  }
-}
-
-// Horovod's split_list: n runs, the first (size % n) one longer.
-std::vector<std::vector<Parameter*>> split_into(const std::vector<Parameter*>& parameters, int n) {
-  const std::size_t count = parameters.size();
-  const std::size_t d = count / static_cast<std::size_t>(n);
-  const std::size_t r = count % static_cast<std::size_t>(n);
-  std::vector<std::vector<Parameter*>> groups;
-  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-    const std::size_t begin = i * d + std::min(i, r);
-    const std::size_t end = (i + 1) * d + std::min(i + 1, r);
-    groups.emplace_back(parameters.begin() + static_cast<std::ptrdiff_t>(begin),
-                        parameters.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return groups;
-}
-
-}  // namespace
 
 struct DistributedOptimizer::Impl {
   optim::Optimizer& optimizer;
@@ -116,7 +70,7 @@ struct DistributedOptimizer::Impl {
                        "for mixed precision");
       }
     }
-    name_parameters();
+    name_of = name_parameters(parameters, options.named_parameters);
     for (Parameter* parameter : options.sparse_parameters) {
       GRADSYNC_CHECK(parameter != nullptr && name_of.count(parameter), "sparse_parameters: ",
                      parameter ? "'" + parameter->name() + "'" : std::string("a null pointer"),
@@ -127,7 +81,7 @@ struct DistributedOptimizer::Impl {
       if (sparse.count(parameter)) sparse_in_order.push_back(parameter);
     }
     for (const Parameter* parameter : parameters) delay[parameter] = options.backward_passes_per_step;
-    form_groups();
+    groups = form_groups(parameters, options.groups, name_of);
 
     distributed = comm.size() > 1 || options.reduce_with_one_rank;
     if (!distributed) return;  // Horovod: with one process nothing is hooked
@@ -198,69 +152,6 @@ struct DistributedOptimizer::Impl {
       zero = std::make_unique<ZeroOptimizer>(optimizer, *reducer, comm, ZeroOptions{.stage = options.zero_stage});
     }
     subscription = optimizer.registry().on_ready([this](Parameter& parameter) { on_ready(parameter); });
-  }
-
-  void name_parameters() {
-    if (!options.named_parameters) {
-      for (const Parameter* parameter : parameters) name_of[parameter] = parameter->name();
-      return;
-    }
-    std::map<std::string, int> uses;
-    std::map<const Parameter*, std::string> given;
-    for (const auto& [name, parameter] : *options.named_parameters) {
-      GRADSYNC_CHECK(parameter != nullptr, "named_parameters should be a sequence of (name, parameter) pairs; '", name,
-                     "' has a null parameter");
-      ++uses[name];
-      given[parameter] = name;
-    }
-    std::vector<std::string> duplicates;
-    for (const auto& [name, count] : uses) {
-      if (count > 1) duplicates.push_back(name);
-    }
-    if (!duplicates.empty()) {
-      std::ostringstream list;
-      for (std::size_t i = 0; i < duplicates.size(); ++i) list << (i ? ", " : "") << duplicates[i];
-      detail::throw_error("Parameter names in named_parameters must be unique. Found duplicates: ", list.str());
-    }
-    std::vector<std::string> unnamed;
-    for (const Parameter* parameter : parameters) {
-      const auto found = given.find(parameter);
-      if (found == given.end()) {
-        unnamed.push_back(parameter->name());
-      } else {
-        name_of[parameter] = found->second;
-      }
-    }
-    if (!unnamed.empty()) {
-      std::ostringstream list;
-      for (std::size_t i = 0; i < unnamed.size(); ++i) list << (i ? ", " : "") << "'" << unnamed[i] << "'";
-      detail::throw_error(
-          "named_parameters was specified, but one or more model parameters were not named. Registry names: ",
-          list.str());
-    }
-  }
-
-  void form_groups() {
-    if (std::holds_alternative<int>(options.groups)) {
-      const int n = std::get<int>(options.groups);
-      GRADSYNC_CHECK(n > 0, "groups should be a non-negative integer or a list of lists of parameters (got ", n, ")");
-      groups = split_into(parameters, n);
-    } else if (std::holds_alternative<std::vector<std::vector<Parameter*>>>(options.groups)) {
-      std::set<const Parameter*> used;
-      for (const auto& list : std::get<std::vector<std::vector<Parameter*>>>(options.groups)) {
-        std::vector<Parameter*> members;
-        for (Parameter* member : list) {
-          GRADSYNC_CHECK(member != nullptr, "groups must consist of parameters (found a null pointer)");
-          GRADSYNC_CHECK(used.insert(member).second, "A parameter can only appear once in groups ('", member->name(),
-                         "' appears twice).");
-          if (name_of.count(member)) members.push_back(member);  // filtered to the wrapped parameters
-        }
-        if (!members.empty()) groups.push_back(members);
-      }
-      for (Parameter* parameter : parameters) {
-        if (!used.count(parameter)) groups.push_back({parameter});  // leftovers: singletons
-      }
-    }
   }
 
   // The registry's readiness signal: one backward pass produced this gradient.
