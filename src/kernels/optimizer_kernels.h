@@ -27,6 +27,7 @@
 #include "gradsync/core/device.h"
 #include "gradsync/core/dtype.h"
 #include "gradsync/core/error.h"
+#include "gradsync/kernels/update_buffers.h"
 
 namespace gradsync::kernels {
 
@@ -61,21 +62,9 @@ struct AdamSegment {
   double grad_clip = 1.0;
 };
 
-// The buffers of one arena's update. Plain precision: `params` is the arena's values (f32 or
-// f64), `grads` has the same dtype and `model` is null. Mixed precision: `params` is the f32
-// master copy, `grads` is f32, f16 or bf16, and `model` (f16 or bf16) receives the rounded
-// result. The state buffers always have param_dtype.
-struct UpdateBuffers {
-  DType param_dtype;
-  void* params;
-  DType grad_dtype;
-  const void* grads;
-  DType model_dtype;
-  void* model;
-};
-
-// Buffers are whole arenas; segments index into them. momentum / max_exp_avg_sq may be null
-// when the configuration does not use them. An unsupported combination of dtypes is an error.
+// Segments index from the buffers' pointers (kernels/update_buffers.h). momentum and
+// max_exp_avg_sq may be null when the configuration does not use them. An unsupported
+// combination of dtypes is an error.
 namespace cpu {
 void sgd_update(const UpdateBuffers& buffers, void* momentum, std::span<const SgdSegment> segments);
 void adam_update(const UpdateBuffers& buffers, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,

@@ -86,8 +86,8 @@ std::uint32_t Adam::buffers_used(std::size_t group) const {
   return (1u << kExpAvg) | (1u << kExpAvgSq) | (options_[group].amsgrad ? (1u << kMaxExpAvgSq) : 0u);
 }
 
-void Adam::update_arena(std::size_t arena, std::span<const Segment> segments) {
-  const Arena& parameters = registry().arenas()[arena];
+void Adam::update_arena(const ArenaSlice& slice, std::span<const Segment> segments) {
+  const Arena& parameters = registry().arenas()[slice.arena];
   std::vector<kernels::AdamSegment> runs;
   bool needs_max = false;
   for (const Segment& segment : segments) {
@@ -101,15 +101,14 @@ void Adam::update_arena(std::size_t arena, std::span<const Segment> segments) {
                     1.0 - o.lr * o.weight_decay, o.lr / bias_correction1, std::sqrt(bias_correction2), o.amsgrad,
                     o.maximize, decoupled_, segment.grad_unscale, segment.grad_clip});
   }
-  const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
-  void* exp_avg = state_data(arena, kExpAvg);
-  void* exp_avg_sq = state_data(arena, kExpAvgSq);
-  void* max_exp_avg_sq = needs_max ? state_data(arena, kMaxExpAvgSq) : nullptr;
+  void* exp_avg = state_data(slice, kExpAvg);
+  void* exp_avg_sq = state_data(slice, kExpAvgSq);
+  void* max_exp_avg_sq = needs_max ? state_data(slice, kMaxExpAvgSq) : nullptr;
   if (parameters.device.is_cpu()) {
-    kernels::cpu::adam_update(buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
+    kernels::cpu::adam_update(slice.buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
   } else {
 #if GRADSYNC_WITH_CUDA
-    kernels::cuda::adam_update(parameters.device, buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
+    kernels::cuda::adam_update(parameters.device, slice.buffers, exp_avg, exp_avg_sq, max_exp_avg_sq, runs);
 #else
     detail::throw_error(name(), ": parameters on ", parameters.device.str(), " but gradsync was built without CUDA");
 #endif

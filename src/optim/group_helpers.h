@@ -24,10 +24,4 @@ inline void assign(const Hyperparameters& values, const char* key, bool& field) 
   if (const auto found = values.find(key); found != values.end()) field = found->second != 0.0;
 }
 
-// The kernels' view of an arena's buffers (the same fields as Optimizer::ArenaBuffers).
-template <typename ArenaBuffers>
-kernels::UpdateBuffers update_buffers(const ArenaBuffers& b) {
-  return {b.param_dtype, b.params, b.grad_dtype, b.grads, b.model_dtype, b.model};
-}
-
 }  // namespace gradsync::optim::internal

@@ -68,8 +68,8 @@ std::uint32_t SGD::buffers_used(std::size_t group) const {
   return options_[group].momentum != 0.0 ? (1u << kMomentumBuffer) : 0u;
 }
 
-void SGD::update_arena(std::size_t arena, std::span<const Segment> segments) {
-  const Arena& parameters = registry().arenas()[arena];
+void SGD::update_arena(const ArenaSlice& slice, std::span<const Segment> segments) {
+  const Arena& parameters = registry().arenas()[slice.arena];
   std::vector<kernels::SgdSegment> runs;
   bool needs_momentum = false;
   for (const Segment& segment : segments) {
@@ -79,13 +79,12 @@ void SGD::update_arena(std::size_t arena, std::span<const Segment> segments) {
                     o.maximize, /*first_step=*/!(segment.present & (1u << kMomentumBuffer)), segment.grad_unscale,
                     segment.grad_clip});
   }
-  const kernels::UpdateBuffers buffers = internal::update_buffers(arena_buffers(arena));
-  void* momentum = needs_momentum ? state_data(arena, kMomentumBuffer) : nullptr;
+  void* momentum = needs_momentum ? state_data(slice, kMomentumBuffer) : nullptr;
   if (parameters.device.is_cpu()) {
-    kernels::cpu::sgd_update(buffers, momentum, runs);
+    kernels::cpu::sgd_update(slice.buffers, momentum, runs);
   } else {
 #if GRADSYNC_WITH_CUDA
-    kernels::cuda::sgd_update(parameters.device, buffers, momentum, runs);
+    kernels::cuda::sgd_update(parameters.device, slice.buffers, momentum, runs);
 #else
     detail::throw_error("SGD: parameters on ", parameters.device.str(), " but gradsync was built without CUDA");
 #endif

@@ -631,10 +631,9 @@ class SignSgd final : public optim::Optimizer {
  protected:
   void set_hyperparameters(std::size_t, const optim::Hyperparameters& values) override { lr_ = values.at("lr"); }
   std::uint32_t buffers_used(std::size_t) const override { return 0; }
-  void update_arena(std::size_t arena, std::span<const Segment> segments) override {
-    const Arena& a = registry().arenas()[arena];
-    float* w = a.values.data_as<float>();
-    const float* g = a.grads.data_as<float>();
+  void update_arena(const ArenaSlice& slice, std::span<const Segment> segments) override {
+    float* w = static_cast<float*>(slice.buffers.params);
+    const float* g = static_cast<const float*>(slice.buffers.grads);
     for (const Segment& segment : segments) {
       for (std::int64_t i = segment.begin; i < segment.begin + segment.count; ++i) {
         w[i] -= static_cast<float>(lr_) * static_cast<float>((g[i] > 0) - (g[i] < 0));

@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -41,9 +42,14 @@
 #include <vector>
 
 #include "gradsync/io/safetensors.h"
+#include "gradsync/kernels/update_buffers.h"
 #include "gradsync/registry/parameter_registry.h"
 
 namespace gradsync::optim {
+
+namespace internal {
+class StateArenas;
+}
 
 // Hyperparameters as named numbers (booleans as 0/1): the form checkpoints and messages use.
 using Hyperparameters = std::map<std::string, double>;
@@ -136,13 +142,14 @@ class Optimizer {
   // front end allreduces them), so clipping and the GradScaler see the global ones.
   void shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
              std::function<void(GradientStatistics&)> combine = {});
-  bool sharded() const { return sharded_; }
+  bool sharded() const;
   const std::vector<ElementRange>& shard_ranges(std::size_t arena) const;
   // Elements one state buffer of `arena` holds (its full size unless sharded).
   std::int64_t state_elements(std::size_t arena) const;
   // Bytes of state allocated now, every buffer of every arena (master copies included).
   std::int64_t state_bytes() const;
-  // Whether update_arena() uses state_data() and arena_buffers() only (which sharding shifts).
+  // Whether update_arena() reads and writes only through its slice and state_data(slice, b):
+  // then a sharded step can hand it the owned ranges one by one.
   virtual bool supports_sharding() const { return false; }
   // Which state buffers a parameter holds (bit b for buffer b), the same on every rank.
   std::uint32_t state_presence(const Parameter& parameter) const;
@@ -174,7 +181,8 @@ class Optimizer {
   // One contiguous run of elements of one arena, to update with one group's hyperparameters.
   // `step` is the step count after this update (1 on the first). `present` has bit b set when
   // the run's parameters already hold state in buffer b; a buffer without state starts from
-  // PyTorch's initial value (SGD: the gradient itself; Adam: zeros).
+  // PyTorch's initial value (SGD: the gradient itself; Adam: zeros). `begin` counts from the
+  // slice's start (below).
   struct Segment {
     std::int64_t begin;
     std::int64_t count;
@@ -185,16 +193,14 @@ class Optimizer {
     double grad_clip = 1.0;
   };
 
-  // Where one arena's update reads and writes. Plain precision: params are the arena's values
-  // (f32/f64) and model is null. Mixed precision: params are the f32 master copy and model the
-  // arena's 16-bit values, to write (rounded) in the same pass. State buffers have param_dtype.
-  struct ArenaBuffers {
-    DType param_dtype;
-    void* params;
-    DType grad_dtype;
-    const void* grads;
-    DType model_dtype;
-    void* model;
+  // Where one update_arena call reads and writes: the kernels' buffers (kernels/update_buffers.h)
+  // positioned at the start of the elements being updated, the arena's start or, when the
+  // optimizer is sharded (ZeRO), the start of one owned range (update_arena is then called once
+  // per range). Segments count from there; so does state_data(slice, b).
+  struct ArenaSlice {
+    std::size_t arena;
+    kernels::UpdateBuffers buffers;
+    std::int64_t state_offset;  // the slice's first element in the state buffers
   };
 
   // groups: the parameters of each group (every one trainable, of this registry, in at most
@@ -206,34 +212,33 @@ class Optimizer {
   virtual void set_hyperparameters(std::size_t group, const Hyperparameters& values) = 0;
   // Which state buffers a group's update reads and writes (bit b for buffer b).
   virtual std::uint32_t buffers_used(std::size_t group) const = 0;
-  // Updates one arena: `values`/`grads` are the registry's arenas, the segments are in
-  // arena order. Request state buffers with state_buffer().
-  virtual void update_arena(std::size_t arena, std::span<const Segment> segments) = 0;
+  // Updates one slice of an arena; the segments are in arena order. Request state buffers
+  // with state_data().
+  virtual void update_arena(const ArenaSlice& slice, std::span<const Segment> segments) = 0;
 
-  // The state arena for (arena, buffer), created zero-filled on first request.
-  Tensor& state_buffer(std::size_t arena, std::size_t buffer);
-  // Inside update_arena: where the segments' buffers start. Segments index from these
-  // pointers: the arena's start, or, when sharded, the start of the owned range being updated
-  // (update_arena is then called once per range, segments relative to it).
-  ArenaBuffers arena_buffers(std::size_t arena);
-  void* state_data(std::size_t arena, std::size_t buffer);
+  // Inside update_arena: where the slice's part of state buffer `buffer` starts (the buffer is
+  // created zero-filled on first request).
+  void* state_data(const ArenaSlice& slice, std::size_t buffer);
 
  private:
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
+  struct LoadPlan;  // load_state's checked contents (optimizer_checkpoint.cpp)
+
   void require_optimized(const Parameter& parameter, const char* what) const;
+  void require_unsharded(const char* what) const;
   bool has_master(std::size_t arena) const { return master_buffer_ != kNoGroup && master_arena_[arena]; }
   void initialize_master_weights(std::size_t arena);
-  // The owned pieces of one parameter when sharded: (arena offset, count, state offset).
-  struct OwnedPiece {
-    std::int64_t begin;
-    std::int64_t count;
-    std::int64_t state_offset;
-  };
-  std::vector<OwnedPiece> owned_pieces(const Parameter& parameter) const;
-  void require_unsharded(const char* what) const;
-  // load_state's one implementation, over a file or tensors in memory.
+  // The segments of one arena: neighbours with the same group, step and state merged.
+  std::vector<Segment> segments_of(std::size_t arena) const;
+  ArenaSlice slice(std::size_t arena, std::int64_t begin, std::int64_t state_offset);
+  // load_state's one implementation, over a file or tensors in memory: check everything, then
+  // commit (optimizer_checkpoint.cpp).
   void load_state_from(const std::string& where, const io::Metadata& metadata, const std::vector<io::TensorInfo>& tensors,
                        const std::function<Tensor(const std::string&)>& read);
+  void check_groups(const std::string& where, const io::Metadata& metadata, LoadPlan& plan) const;
+  void check_steps(const std::string& where, const io::Metadata& metadata, LoadPlan& plan) const;
+  void check_tensors(const std::vector<io::TensorInfo>& tensors, LoadPlan& plan) const;
+  void commit(const std::string& where, const LoadPlan& plan, const std::vector<Tensor>& data);
 
   ParameterRegistry& registry_;
   std::vector<std::vector<Parameter*>> groups_;
@@ -241,20 +246,14 @@ class Optimizer {
   std::vector<std::int64_t> steps_;           // per registry index
   std::vector<std::uint32_t> present_;        // per registry index: bit b = holds state in buffer b
   std::vector<std::string> buffer_names_;
-  std::vector<std::vector<Tensor>> buffers_;  // [arena][buffer], undefined until requested
+  std::unique_ptr<internal::StateArenas> state_;  // the buffers, whole or sharded (state_arenas.h)
   MasterWeights master_weights_;
   std::size_t master_buffer_ = kNoGroup;  // index of the "master" buffer, when master weights are on
   std::vector<bool> master_arena_;        // per arena: a 16-bit arena stepped through a master copy
   double grad_unscale_ = 1.0;
   double grad_clip_ = 1.0;
   std::optional<GradientStatistics> statistics_;
-  bool sharded_ = false;
   std::function<void(GradientStatistics&)> combine_statistics_;
-  std::vector<std::vector<ElementRange>> shard_;       // per arena, when sharded
-  std::vector<std::vector<std::int64_t>> shard_at_;   // per arena and range: its packed state offset
-  // The range update_arena is working on: element shifts for the arena's buffers and for state.
-  std::int64_t shift_ = 0;
-  std::int64_t state_shift_ = 0;
 };
 
 // The registry's trainable parameters, in registration order: the default single group.

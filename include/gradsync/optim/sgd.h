@@ -40,7 +40,7 @@ class SGD : public Optimizer {
  protected:
   void set_hyperparameters(std::size_t group, const Hyperparameters& values) override;
   std::uint32_t buffers_used(std::size_t group) const override;
-  void update_arena(std::size_t arena, std::span<const Segment> segments) override;
+  void update_arena(const ArenaSlice& slice, std::span<const Segment> segments) override;
 
  private:
   std::vector<Options> options_;
