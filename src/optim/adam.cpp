@@ -21,6 +21,15 @@ void validate(const Adam::Options& options, std::size_t group, const char* name)
                  options.weight_decay);
 }
 
+// The hyperparameters under torch.optim's names.
+constexpr std::array kFields{internal::number("lr", &Adam::Options::lr),
+                             internal::number("beta1", &Adam::Options::beta1),
+                             internal::number("beta2", &Adam::Options::beta2),
+                             internal::number("eps", &Adam::Options::eps),
+                             internal::number("weight_decay", &Adam::Options::weight_decay),
+                             internal::flag("amsgrad", &Adam::Options::amsgrad),
+                             internal::flag("maximize", &Adam::Options::maximize)};
+
 constexpr std::size_t kExpAvg = 0;
 constexpr std::size_t kExpAvgSq = 1;
 constexpr std::size_t kMaxExpAvgSq = 2;
@@ -60,26 +69,11 @@ void Adam::set_options(std::size_t group, const Options& options) {
 }
 
 Hyperparameters Adam::hyperparameters(std::size_t group) const {
-  const Options& o = options(group);
-  return {{"lr", o.lr},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
-          {"maximize", o.maximize ? 1.0 : 0.0}};
+  return internal::to_hyperparameters(options(group), kFields);
 }
 
 void Adam::set_hyperparameters(std::size_t group, const Hyperparameters& values) {
-  Options o = options(group);
-  internal::assign(values, "lr", o.lr);
-  internal::assign(values, "beta1", o.beta1);
-  internal::assign(values, "beta2", o.beta2);
-  internal::assign(values, "eps", o.eps);
-  internal::assign(values, "weight_decay", o.weight_decay);
-  internal::assign(values, "amsgrad", o.amsgrad);
-  internal::assign(values, "maximize", o.maximize);
-  set_options(group, o);
+  set_options(group, internal::with_hyperparameters(options(group), values, kFields));
 }
 
 std::uint32_t Adam::buffers_used(std::size_t group) const {

@@ -17,6 +17,14 @@ void validate(const SGD::Options& options, std::size_t group) {
                  ": Nesterov momentum requires a momentum and zero dampening");
 }
 
+// The hyperparameters under torch.optim's names.
+constexpr std::array kFields{internal::number("lr", &SGD::Options::lr),
+                             internal::number("momentum", &SGD::Options::momentum),
+                             internal::number("dampening", &SGD::Options::dampening),
+                             internal::number("weight_decay", &SGD::Options::weight_decay),
+                             internal::flag("nesterov", &SGD::Options::nesterov),
+                             internal::flag("maximize", &SGD::Options::maximize)};
+
 constexpr std::size_t kMomentumBuffer = 0;
 
 }  // namespace
@@ -44,24 +52,11 @@ void SGD::set_options(std::size_t group, const Options& options) {
 }
 
 Hyperparameters SGD::hyperparameters(std::size_t group) const {
-  const Options& o = options(group);
-  return {{"lr", o.lr},
-          {"momentum", o.momentum},
-          {"dampening", o.dampening},
-          {"weight_decay", o.weight_decay},
-          {"nesterov", o.nesterov ? 1.0 : 0.0},
-          {"maximize", o.maximize ? 1.0 : 0.0}};
+  return internal::to_hyperparameters(options(group), kFields);
 }
 
 void SGD::set_hyperparameters(std::size_t group, const Hyperparameters& values) {
-  Options o = options(group);
-  internal::assign(values, "lr", o.lr);
-  internal::assign(values, "momentum", o.momentum);
-  internal::assign(values, "dampening", o.dampening);
-  internal::assign(values, "weight_decay", o.weight_decay);
-  internal::assign(values, "nesterov", o.nesterov);
-  internal::assign(values, "maximize", o.maximize);
-  set_options(group, o);
+  set_options(group, internal::with_hyperparameters(options(group), values, kFields));
 }
 
 std::uint32_t SGD::buffers_used(std::size_t group) const {

@@ -24,66 +24,8 @@
 
 namespace gradsync::kernels::cpu {
 
-namespace baseline {
-#include "ops_loops.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#define GRADSYNC_F16C 1
-namespace avx2 {
-#include "ops_loops.inc"
-
-// f32 dot products with intrinsics: GCC vectorizes the generic lanes loop only partly. The
-// association is exactly the generic loop's (eight double lanes: lane k sums elements
-// i = k mod 8, each product rounded, then the tail, then the lanes in order), so the result is
-// the baseline's to the bit.
-template <>
-double dot_loop<float>(const float* __restrict left, const float* __restrict right, std::int64_t n) {
-  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();  // lanes 0-3 and 4-7
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_loadu_ps(left + i);
-    const __m256 b = _mm256_loadu_ps(right + i);
-    low = _mm256_add_pd(low, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
-                                           _mm256_cvtps_pd(_mm256_castps256_ps128(b))));
-    high = _mm256_add_pd(high, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
-                                             _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))));
-  }
-  double sum = 0.0;
-  for (; i < n; ++i) sum += static_cast<double>(left[i]) * static_cast<double>(right[i]);
-  alignas(32) double lanes[8];
-  _mm256_store_pd(lanes, low);
-  _mm256_store_pd(lanes + 4, high);
-  for (const double lane : lanes) sum += lane;
-  return sum;
-}
-
-template <>
-double squares_loop<float>(const float* __restrict values, std::int64_t n) {
-  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_loadu_ps(values + i);
-    const __m256d a_low = _mm256_cvtps_pd(_mm256_castps256_ps128(a));
-    const __m256d a_high = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
-    low = _mm256_add_pd(low, _mm256_mul_pd(a_low, a_low));
-    high = _mm256_add_pd(high, _mm256_mul_pd(a_high, a_high));
-  }
-  double sum = 0.0;
-  for (; i < n; ++i) sum += static_cast<double>(values[i]) * static_cast<double>(values[i]);
-  alignas(32) double lanes[8];
-  _mm256_store_pd(lanes, low);
-  _mm256_store_pd(lanes + 4, high);
-  for (const double lane : lanes) sum += lane;
-  return sum;
-}
-
-}  // namespace avx2
-#undef GRADSYNC_F16C
-#pragma GCC pop_options
-#endif
+#define GRADSYNC_ISA_LOOPS "kernels/cpu/ops_loops.inc"
+#include "core/isa_variants.inc"
 
 namespace {
 

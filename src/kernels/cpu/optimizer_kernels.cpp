@@ -29,20 +29,8 @@ namespace gradsync::kernels::cpu {
 // The loops, twice: for the baseline ISA (where std::fma is an exact library call) and for
 // AVX2+FMA (where it is one instruction and eight floats go per vector). Both round exactly
 // alike, so results do not depend on the machine.
-namespace baseline {
-#include "optimizer_loops.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#define GRADSYNC_F16C 1
-namespace avx2 {
-#include "optimizer_loops.inc"
-}  // namespace avx2
-#undef GRADSYNC_F16C
-#pragma GCC pop_options
-#endif
+#define GRADSYNC_ISA_LOOPS "kernels/cpu/optimizer_loops.inc"
+#include "core/isa_variants.inc"
 
 namespace {
 

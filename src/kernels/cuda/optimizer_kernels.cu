@@ -27,6 +27,13 @@ struct SegmentBatch {
   Scalars scalars[kMaxSegmentsPerLaunch];
 };
 
+// The elements of the launch's segment blockIdx.y, grid-stride over the blocks along x.
+#define SEGMENT_STRIDE_LOOP(i, batch)                                                     \
+  for (std::int64_t i = (batch).begin[blockIdx.y] +                                       \
+                        blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, \
+                    end_ = (batch).begin[blockIdx.y] + (batch).length[blockIdx.y];        \
+       i < end_; i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+
 // T: param/state type; G: gradient storage; M: model copy storage (void: none). See
 // src/kernels/optimizer_kernels.h for the mixed-precision pass.
 template <typename M, typename T>
@@ -36,12 +43,8 @@ __device__ inline void write_model(M* model, std::int64_t i, T value) {
 
 template <typename T, typename G, typename M>
 __global__ void sgd_kernel(SegmentBatch<SgdScalars<T>> batch, T* params, const G* grads, T* momentum, M* model) {
-  const int segment = blockIdx.y;
-  const SgdScalars<T> s = batch.scalars[segment];
-  const std::int64_t begin = batch.begin[segment];
-  const std::int64_t end = begin + batch.length[segment];
-  for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
-       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+  const SgdScalars<T> s = batch.scalars[blockIdx.y];
+  SEGMENT_STRIDE_LOOP(i, batch) {
     sgd_element(s, params[i], static_cast<T>(load(grads[i])), s.use_momentum ? &momentum[i] : nullptr);
     write_model(model, i, params[i]);
   }
@@ -50,12 +53,8 @@ __global__ void sgd_kernel(SegmentBatch<SgdScalars<T>> batch, T* params, const G
 template <typename T, typename G, typename M>
 __global__ void adam_kernel(SegmentBatch<AdamScalars<T>> batch, T* params, const G* grads, T* exp_avg, T* exp_avg_sq,
                             T* max_exp_avg_sq, M* model) {
-  const int segment = blockIdx.y;
-  const AdamScalars<T> s = batch.scalars[segment];
-  const std::int64_t begin = batch.begin[segment];
-  const std::int64_t end = begin + batch.length[segment];
-  for (std::int64_t i = begin + blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < end;
-       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+  const AdamScalars<T> s = batch.scalars[blockIdx.y];
+  SEGMENT_STRIDE_LOOP(i, batch) {
     adam_element(s, params[i], static_cast<T>(load(grads[i])), exp_avg[i], exp_avg_sq[i],
                  s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
     write_model(model, i, params[i]);
