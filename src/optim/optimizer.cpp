@@ -84,6 +84,20 @@ void Optimizer::set_lr(std::size_t group, double lr) {
   set_hyperparameters(group, values);
 }
 
+void Optimizer::update_hyperparameters(std::size_t group, const Hyperparameters& values) {
+  Hyperparameters updated = hyperparameters(group);
+  for (const auto& [key, value] : values) {
+    if (updated.count(key)) {
+      updated[key] = value;
+      continue;
+    }
+    std::string known;
+    for (const auto& entry : updated) known += (known.empty() ? "" : ", ") + entry.first;
+    detail::throw_error(name(), " group ", group, ": no hyperparameter '", key, "' (", name(), " has ", known, ")");
+  }
+  set_hyperparameters(group, updated);
+}
+
 void Optimizer::require_optimized(const Parameter& parameter, const char* what) const {
   GRADSYNC_CHECK(parameter.index() < registry_.size() && &registry_[parameter.index()] == &parameter &&
                      group_of_[parameter.index()] != kNoGroup,

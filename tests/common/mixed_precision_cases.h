@@ -82,22 +82,7 @@ inline std::unique_ptr<ParameterRegistry> make_mixed_registry(const MixedFile& d
 }
 
 inline std::unique_ptr<optim::Optimizer> make_mixed_optimizer(const MixedCase& c, ParameterRegistry& registry) {
-  const nlohmann::json& o = c.options;
-  const auto master = optim::MasterWeights::f32;
-  if (c.optimizer == "SGD") {
-    optim::SGD::Options options;
-    options.lr = o.value("lr", 0.0);
-    options.momentum = o.value("momentum", 0.0);
-    options.weight_decay = o.value("weight_decay", 0.0);
-    options.nesterov = o.value("nesterov", false);
-    return std::make_unique<optim::SGD>(registry, options, master);
-  }
-  optim::Adam::Options options = c.optimizer == "AdamW" ? optim::AdamW::defaults() : optim::Adam::Options{};
-  options.lr = o.value("lr", options.lr);
-  options.weight_decay = o.value("weight_decay", options.weight_decay);
-  options.amsgrad = o.value("amsgrad", false);
-  if (c.optimizer == "AdamW") return std::make_unique<optim::AdamW>(registry, options, master);
-  return std::make_unique<optim::Adam>(registry, options, master);
+  return make_test_optimizer(c.optimizer, registry, hyperparameters_of(c.options), optim::MasterWeights::f32);
 }
 
 inline void set_fixture_grads(const MixedFile& data, const MixedCase& c, ParameterRegistry& registry, int step) {

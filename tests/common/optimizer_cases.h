@@ -13,6 +13,7 @@
 #include "gradsync/io/safetensors.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/sgd.h"
+#include "optimizers.h"
 #include "test_util.h"
 
 namespace gradsync::testing {
@@ -64,42 +65,23 @@ inline std::unique_ptr<ParameterRegistry> make_case_registry(const TrajectoryFil
   return registry;
 }
 
+// torch.optim's options as the fixture wrote them (numbers and booleans), as hyperparameters.
+inline optim::Hyperparameters hyperparameters_of(const nlohmann::json& options) {
+  optim::Hyperparameters values;
+  for (auto item = options.begin(); item != options.end(); ++item) {
+    values[item.key()] = item.value().is_boolean() ? (item.value().get<bool>() ? 1.0 : 0.0) : item.value().get<double>();
+  }
+  return values;
+}
+
 inline std::unique_ptr<optim::Optimizer> make_case_optimizer(const OptimizerCase& c, ParameterRegistry& registry) {
-  const auto members = [&](const nlohmann::json& group) {
+  std::vector<optim::GroupSettings> groups;
+  for (const auto& group : c.groups) {
     std::vector<Parameter*> parameters;
     for (const auto& index : group["params"]) parameters.push_back(&registry[index.get<std::size_t>()]);
-    return parameters;
-  };
-  if (c.optimizer == "SGD") {
-    std::vector<optim::SGD::Group> groups;
-    for (const auto& group : c.groups) {
-      const auto& o = group["options"];
-      optim::SGD::Options options;
-      options.lr = o.value("lr", 0.0);
-      options.momentum = o.value("momentum", 0.0);
-      options.dampening = o.value("dampening", 0.0);
-      options.weight_decay = o.value("weight_decay", 0.0);
-      options.nesterov = o.value("nesterov", false);
-      options.maximize = o.value("maximize", false);
-      groups.push_back({members(group), options});
-    }
-    return std::make_unique<optim::SGD>(registry, groups);
+    groups.push_back({parameters, hyperparameters_of(group["options"])});
   }
-  std::vector<optim::Adam::Group> groups;
-  for (const auto& group : c.groups) {
-    const auto& o = group["options"];
-    optim::Adam::Options options = c.optimizer == "AdamW" ? optim::AdamW::defaults() : optim::Adam::Options{};
-    options.lr = o.value("lr", options.lr);
-    options.beta1 = o.value("beta1", options.beta1);
-    options.beta2 = o.value("beta2", options.beta2);
-    options.eps = o.value("eps", options.eps);
-    options.weight_decay = o.value("weight_decay", options.weight_decay);
-    options.amsgrad = o.value("amsgrad", false);
-    options.maximize = o.value("maximize", false);
-    groups.push_back({members(group), options});
-  }
-  if (c.optimizer == "AdamW") return std::make_unique<optim::AdamW>(registry, groups);
-  return std::make_unique<optim::Adam>(registry, groups);
+  return make_test_optimizer(c.optimizer, registry, std::move(groups));
 }
 
 // Runs steps [first, last) of the case: gradients from the fixture, absent ones undefined.

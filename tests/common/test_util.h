@@ -1,5 +1,6 @@
-// Helpers shared by the test suites: fixture paths, temporary folders, seeded random data,
-// and an assertion that an expression throws a gradsync::Error mentioning given words.
+// Helpers shared by the test suites: fixture paths, temporary folders, seeded random and
+// patterned data, and an assertion that an expression throws a gradsync::Error mentioning given
+// words.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,6 +58,25 @@ inline Tensor random_tensor(std::int64_t numel, DType dtype, std::uint64_t seed,
     if (!is_floating(dtype)) value = std::round(value);
   }
   return Tensor::from_vector(values, {numel}).to(dtype);
+}
+
+// Every dtype, and sizes that catch vector-width and threading edges (0, 1, odd, large).
+inline const std::vector<DType>& all_dtypes() {
+  static const std::vector<DType> dtypes{DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64};
+  return dtypes;
+}
+
+inline const std::vector<std::int64_t>& awkward_sizes() {
+  static const std::vector<std::int64_t> sizes{0, 1, 7, 64, 1000, 100003};
+  return sizes;
+}
+
+// n elements value(0), value(1), ... as `dtype` on `device`.
+inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std::int64_t)>& value,
+                     Device device = Device::cpu()) {
+  std::vector<double> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = value(i);
+  return Tensor::from_vector(values, {n}).to(dtype).to(device);
 }
 
 }  // namespace gradsync::testing

@@ -4,7 +4,10 @@
 #include <cstring>
 
 #include "gradsync/io/registry_checkpoint.h"
-#include "ops_checks.h"
+#include "expectations.h"
+#include "ops.h"
+#include "test_util.h"
+#include "gradsync/kernels/ops.h"
 
 namespace gradsync {
 namespace {

@@ -5,16 +5,23 @@
 
 #include <chrono>
 
-#include "comm_checks.h"
-#include "device_scenarios.h"
-#include "gradsync/core/stream.h"
+#include "collectives.h"
+#include "devices.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/nccl.h"
+#include "gradsync/core/stream.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/optim/adam.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
 #include "test_util.h"
+#include "gradsync/kernels/ops.h"
 
 namespace gradsync {
 namespace {

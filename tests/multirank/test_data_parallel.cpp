@@ -6,13 +6,21 @@
 #include <cstring>
 #include <mutex>
 
-#include "device_scenarios.h"
-#include "dist_scenarios.h"
+#include "devices.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/sync_strategy.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/optim/adam.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/grad_scaler.h"
+#include "gradsync/optim/sgd.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
 
 namespace gradsync {
 namespace {
@@ -186,52 +194,62 @@ TEST_P(DataParallelOn, AllStrategiesAgreeAndAutoChoosesOneEverywhere) {
   });
 }
 
-// Item 9: equivalence with single-process training, default and tiny buckets, SGD and Adam.
-TEST_P(DataParallelOn, EquivalenceWithSingleProcess) {
-  const Device device = this->device();
-  for (const int size : {1, 2, 3, 4}) {
-    comm::run_gloo_thread_group(size, [device](Communicator& comm) {
-      for (const bool tiny : {false, true}) {
-        const std::int64_t per_rank = 5;
-        const std::int64_t batch = per_rank * comm.size();
-        testing::Regression distributed(batch * 4, DType::f32, device);
-        testing::Regression single(batch * 4);
-        DataParallel ddp(distributed.registry, comm,
-                         {.bucket_cap_mb = tiny ? std::optional<double>(1e-6) : std::nullopt});
-        if (tiny) {
-          EXPECT_EQ(ddp.reducer().bucket_count(), 2u);
-        }
-        optim::Adam adam(distributed.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                                                     .weight_decay = 0.0, .amsgrad = false, .maximize = false});
-        optim::Adam reference(single.registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                                                     .weight_decay = 0.0, .amsgrad = false, .maximize = false});
-        for (int step = 0; step < 4; ++step) {
-          ddp.begin_backward();
-          distributed.backward(step * batch + comm.rank() * per_rank, step * batch + (comm.rank() + 1) * per_rank);
-          ddp.end_backward();
-          expect_bitwise_equal_across_ranks(comm, distributed.registry);
-          adam.step();
-          adam.zero_grad();
-          single.backward(step * batch, (step + 1) * batch, false);
-          reference.step();
-          reference.zero_grad();
-        }
-        testing::expect_near_vectors("w", distributed.w->value().to_double_vector(), single.w->value().to_double_vector(), 2e-5);
-      }
-    });
-  }
+// Worlds of ranks on each device, with a bucket layout or a strategy.
+class DataParallelBuckets : public testing::RanksOnDeviceWith<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Sizes, DataParallelBuckets,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda"),
+                                            ::testing::Values("default_buckets", "tiny_buckets")),
+                         DataParallelBuckets::name);
+class DataParallelStrategy : public testing::RanksOnDeviceWith<DDPSyncStrategy> {};
+INSTANTIATE_TEST_SUITE_P(Sizes, DataParallelStrategy,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda"),
+                                            ::testing::ValuesIn(testing::explicit_strategies())),
+                         DataParallelStrategy::name);
+
+// Item 9: equivalence with single-process training (Adam), DDP's default buckets and one
+// bucket per parameter.
+TEST_P(DataParallelBuckets, EquivalenceWithSingleProcess) {
+  const bool tiny = extra() == "tiny_buckets";
+  on_gloo_ranks([tiny](Communicator& comm, Device device) {
+    const std::int64_t per_rank = 5;
+    const std::int64_t batch = per_rank * comm.size();
+    testing::Regression distributed(batch * 4, DType::f32, device);
+    testing::Regression single(batch * 4);
+    DataParallel ddp(distributed.registry, comm,
+                     {.bucket_cap_mb = tiny ? std::optional<double>(1e-6) : std::nullopt});
+    if (tiny) {
+      EXPECT_EQ(ddp.reducer().bucket_count(), 2u);
+    }
+    auto adam = testing::make_test_optimizer("adam", distributed.registry, testing::training_settings("adam"));
+    auto reference = testing::make_test_optimizer("adam", single.registry, testing::training_settings("adam"));
+    for (int step = 0; step < 4; ++step) {
+      ddp.begin_backward();
+      distributed.backward(step * batch + comm.rank() * per_rank, step * batch + (comm.rank() + 1) * per_rank);
+      ddp.end_backward();
+      expect_bitwise_equal_across_ranks(comm, distributed.registry);
+      adam->step();
+      adam->zero_grad();
+      single.backward(step * batch, (step + 1) * batch, false);
+      reference->step();
+      reference->zero_grad();
+    }
+    testing::expect_near_vectors("w", distributed.w->value().to_double_vector(), single.w->value().to_double_vector(), 2e-5);
+  });
 }
 
-// Item 9 with microbatches under each strategy, worlds 1-4.
-TEST_P(DataParallelOn, EquivalenceWithMicrobatchesUnderEachStrategy) {
-  const Device device = this->device();
-  for (const int size : {1, 2, 3, 4}) comm::run_gloo_thread_group(size, [device](Communicator& comm) { testing::data_parallel_equivalence(comm, device); });
+// Item 9 with microbatches under each strategy.
+TEST_P(DataParallelStrategy, EquivalenceWithMicrobatches) {
+  on_gloo_ranks([strategy = extra()](Communicator& comm, Device device) {
+    testing::data_parallel_equivalence(comm, strategy, device);
+  });
 }
 
-TEST_P(DataParallelOn, MissingGradientOnTheLastRank) {
-  const Device device = this->device();
-  for (const int size : {2, 3}) comm::run_gloo_thread_group(size, [device](Communicator& comm) { testing::data_parallel_missing_gradient(comm, device); });
-}
+class MissingGradientWorld : public testing::RanksOnDevice {};
+INSTANTIATE_TEST_SUITE_P(Sizes, MissingGradientWorld,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("cpu", "cuda")),
+                         testing::RanksOnDevice::name);
+
+TEST_P(MissingGradientWorld, OnTheLastRankIsAnErrorOnEveryRank) { on_gloo_ranks(testing::data_parallel_missing_gradient); }
 
 // Item 11: no_sync accumulates locally; the next synced backward reduces the accumulated sum.
 TEST_P(DataParallelOn, NoSyncAccumulation) {
@@ -276,24 +294,26 @@ TEST_P(DataParallelOn, RankDependentLayersUnderNoSync) {
 }
 
 // Items 13-16: global versus local unused, and the used map.
-TEST_P(DataParallelOn, GlobalVersusLocalUnusedAndTheUsedMap) {
-  const Device device = this->device();
-  for (const int size : {1, 2, 3}) {
-    comm::run_gloo_thread_group(size, [device](Communicator& comm) {
-      Scalars model(3, device);  // w1: rank 0 only; w2: the other ranks; w3: nobody
-      DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
-      ddp.begin_backward();
-      if (comm.rank() == 0) {
-        model.use(0, 1.0);
-      } else {
-        model.use(1, 1.0);
-      }
-      ddp.end_backward();
-      const double n = comm.size();
-      expect_grads("unused", model.grads(), {1.0 / n, comm.size() > 1 ? (n - 1) / n : kUndefined, kUndefined});
-      EXPECT_EQ(ddp.last_used_counts(), (std::vector<int>{1, comm.size() - 1, 0}));
-    });
-  }
+class UnusedWorld : public testing::RanksOnDevice {};
+INSTANTIATE_TEST_SUITE_P(Sizes, UnusedWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values("cpu", "cuda")),
+                         testing::RanksOnDevice::name);
+
+TEST_P(UnusedWorld, GlobalVersusLocalUnusedAndTheUsedMap) {
+  on_gloo_ranks([](Communicator& comm, Device device) {
+    Scalars model(3, device);  // w1: rank 0 only; w2: the other ranks; w3: nobody
+    DataParallel ddp(model.registry, comm, {.find_unused_parameters = true});
+    ddp.begin_backward();
+    if (comm.rank() == 0) {
+      model.use(0, 1.0);
+    } else {
+      model.use(1, 1.0);
+    }
+    ddp.end_backward();
+    const double n = comm.size();
+    expect_grads("unused", model.grads(), {1.0 / n, comm.size() > 1 ? (n - 1) / n : kUndefined, kUndefined});
+    EXPECT_EQ(ddp.last_used_counts(), (std::vector<int>{1, comm.size() - 1, 0}));
+  });
 }
 
 // Item 15 and docs/semantics/ddp.md section 6, item 4: a missing gradient without find_unused is an error at the

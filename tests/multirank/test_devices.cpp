@@ -6,11 +6,18 @@
 // MPI in multirank/test_mpi.cpp.)
 #include <tuple>
 
-#include "comm_checks.h"
-#include "device_scenarios.h"
+#include "collectives.h"
+#include "devices.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/nccl.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
 
 namespace gradsync {
 namespace {
@@ -20,7 +27,29 @@ INSTANTIATE_TEST_SUITE_P(GlooRanks, DeviceWorld,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
                          testing::RanksOnDevice::name);
 
-TEST_P(DeviceWorld, StrategySet) { on_gloo_ranks(testing::ddp_strategy_set); }
+class DeviceWorldStrategy : public testing::RanksOnDeviceWith<dist::DDPSyncStrategy> {};
+INSTANTIATE_TEST_SUITE_P(GlooRanks, DeviceWorldStrategy,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda"),
+                                            ::testing::ValuesIn(testing::every_strategy())),
+                         DeviceWorldStrategy::name);
+
+TEST_P(DeviceWorldStrategy, StrategySet) {
+  on_gloo_ranks([strategy = extra()](comm::Communicator& comm, Device device) {
+    testing::ddp_strategy_set(comm, device, strategy);
+  });
+}
+
+class DeviceWorldExplicitStrategy : public testing::RanksOnDeviceWith<dist::DDPSyncStrategy> {};
+INSTANTIATE_TEST_SUITE_P(GlooRanks, DeviceWorldExplicitStrategy,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda"),
+                                            ::testing::ValuesIn(testing::explicit_strategies())),
+                         DeviceWorldExplicitStrategy::name);
+
+TEST_P(DeviceWorldExplicitStrategy, DataParallelEquivalence) {
+  on_gloo_ranks([strategy = extra()](comm::Communicator& comm, Device device) {
+    testing::data_parallel_equivalence(comm, strategy, device);
+  });
+}
 
 TEST_P(DeviceWorld, UnusedNoSyncSynchronizeAllHookCompression) {
   on_gloo_ranks(testing::ddp_unused_no_sync_hook_compression);
@@ -28,11 +57,15 @@ TEST_P(DeviceWorld, UnusedNoSyncSynchronizeAllHookCompression) {
 
 TEST_P(DeviceWorld, DistributedOptimizerOptions) { on_gloo_ranks(testing::distributed_optimizer_options); }
 
-TEST_P(DeviceWorld, TrainingEquivalenceMissingGradientsAndReadyOrders) {
+TEST_P(DeviceWorld, TrainingEquivalence) {
   on_gloo_ranks([](comm::Communicator& comm, Device device) {
-    testing::equivalence_with_single_process(comm, device);
+    for (const std::string kind : {"sgd", "adam"}) testing::equivalence_with_single_process(comm, kind, device);
+  });
+}
+
+TEST_P(DeviceWorld, MissingGradientsAndReadyOrders) {
+  on_gloo_ranks([](comm::Communicator& comm, Device device) {
     testing::force_allreduce_when_a_rank_skips_a_parameter(comm, device);
-    testing::data_parallel_equivalence(comm, device);
     testing::data_parallel_missing_gradient(comm, device);
     testing::random_ready_orders_across_reducers(comm, 3, 20, device);
   });

@@ -8,12 +8,21 @@
 #include <mutex>
 #include <thread>
 
-#include "device_scenarios.h"
-#include "dist_scenarios.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/grad_scaler.h"
+#include "models.h"
+#include "optimizers.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
+#include "gradsync/dist/adasum.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/reducer.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/sgd.h"
 
 namespace gradsync {
 namespace {
@@ -207,8 +216,17 @@ INSTANTIATE_TEST_SUITE_P(Sizes, DistWorld,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda")),
                          testing::RanksOnDevice::name);
 
-TEST_P(DistWorld, EquivalenceWithSingleProcessTraining) {
-  comm::run_gloo_thread_group(world(), [device = device()](Communicator& comm) { testing::equivalence_with_single_process(comm, device); });
+// Training with each optimizer equals one process on the whole batch.
+class DistWorldOptimizer : public testing::RanksOnDeviceWith<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Sizes, DistWorldOptimizer,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("cpu", "cuda"),
+                                            ::testing::Values("sgd", "adam")),
+                         DistWorldOptimizer::name);
+
+TEST_P(DistWorldOptimizer, EquivalenceWithSingleProcessTraining) {
+  on_gloo_ranks([kind = extra()](Communicator& comm, Device device) {
+    testing::equivalence_with_single_process(comm, kind, device);
+  });
 }
 
 TEST_P(DistWorld, ForceAllreduceWhenARankSkipsAParameter) {
@@ -543,9 +561,11 @@ TEST_P(DistWorld, BroadcastParametersAndOptimizerState) {
 }
 
 // Items 39-42, 57-58: Adasum.
-TEST(Adasum, MathOnTwoAndFourRanks) {
-  for (const int size : {1, 2, 4}) comm::run_gloo_thread_group(size, testing::adasum_math);
-}
+class AdasumWorld : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(PowersOfTwo, AdasumWorld, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return testing::ranks_name(info.param); });
+
+TEST_P(AdasumWorld, Math) { comm::run_gloo_thread_group(GetParam(), testing::adasum_math); }
 
 TEST(Adasum, PairwiseFormula) {
   Tensor a = Tensor::from_vector(std::vector<double>{1, 0}, {2});

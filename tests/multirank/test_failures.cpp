@@ -14,13 +14,27 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include <unistd.h>
 
-#include "dist_scenarios.h"
-#include "join_scenarios.h"
-#include "zero_scenarios.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/gloo.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/join.h"
+#include "gradsync/dist/reducer.h"
+#include "gradsync/dist/zero.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/sgd.h"
+#include "join.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
+#include "zero.h"
+#include "gradsync/kernels/ops.h"
 
 namespace gradsync {
 namespace {
@@ -66,15 +80,18 @@ class PerRank {
 
 // ---- item 1: one communicator, many users, any order ----------------------------------------
 
-TEST(SharedCommunicator, RandomReadyOrdersAcrossReducersGiveExactSums) {
-  for (const int world : {2, 3, 4}) {
-    for (const int reducers : {2, 3}) {
-      SCOPED_TRACE("world " + std::to_string(world) + ", " + std::to_string(reducers) + " reducers");
-      comm::run_gloo_thread_group(world, [&](Communicator& comm) {
-        testing::random_ready_orders_across_reducers(comm, reducers, world == 4 ? 100 : 150);
-      });
-    }
-  }
+class RandomReadyOrders : public ::testing::TestWithParam<std::tuple<int, int>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, RandomReadyOrders,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values(2, 3)), [](const auto& info) {
+                           return testing::name(testing::ranks_name(std::get<0>(info.param)),
+                                                std::to_string(std::get<1>(info.param)) + "_reducers");
+                         });
+
+TEST_P(RandomReadyOrders, AcrossReducersOnOneCommunicatorGiveExactSums) {
+  const auto& [world, reducers] = GetParam();
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    testing::random_ready_orders_across_reducers(comm, reducers, world == 4 ? 100 : 150);
+  });
 }
 
 TEST(SharedCommunicator, TwoDistributedOptimizersReadyInOppositeOrders) {
@@ -331,7 +348,7 @@ TEST(PeerDeath, DuringZeroGathersIsAnErrorOnEveryOtherRankNotAHang) {
           3,
           [&](Communicator& comm) {
             testing::ShardModel model(DType::f32);
-            auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+            auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
             dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
             dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
             for (int step = 0; step < 3; ++step) {
@@ -521,18 +538,20 @@ TEST(Rendezvous, NamesTheRanksItWaitsForAndHasItsOwnTimeout) {
 
 // ---- item 11: mismatched collectives ------------------------------------------------------------
 
-TEST(Mismatch, DifferentSizesAreOurErrorOnEveryRank) {
-  for (const int world : {2, 3}) {
-    PerRank outcome(world);
-    comm::run_gloo_thread_group(world, [&](Communicator& comm) {
-      outcome.run(comm.rank(), [&] {
-        Tensor t = ones(comm.rank() == 0 ? 100 : 50);
-        comm.allreduce(t, comm::ReduceOp::sum);
-      });
+class MismatchWorld : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Sizes, MismatchWorld, ::testing::Values(2, 3),
+                         [](const auto& info) { return testing::ranks_name(info.param); });
+
+TEST_P(MismatchWorld, DifferentSizesAreOurErrorOnEveryRank) {
+  PerRank outcome(GetParam());
+  comm::run_gloo_thread_group(GetParam(), [&](Communicator& comm) {
+    outcome.run(comm.rank(), [&] {
+      Tensor t = ones(comm.rank() == 0 ? 100 : 50);
+      comm.allreduce(t, comm::ReduceOp::sum);
     });
-    outcome.expect_every_rank_threw({"collective mismatch", "allreduce #0"});
-    EXPECT_NE(outcome.message(0).find("f32 x 50"), std::string::npos) << outcome.message(0);
-  }
+  });
+  outcome.expect_every_rank_threw({"collective mismatch", "allreduce #0"});
+  EXPECT_NE(outcome.message(0).find("f32 x 50"), std::string::npos) << outcome.message(0);
 }
 
 TEST(Mismatch, CompressionOnOneRankOnlyIsOurErrorOnEveryRank) {

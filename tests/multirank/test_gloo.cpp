@@ -11,7 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm_checks.h"
+#include "collectives.h"
+#include "expectations.h"
 #include "gradsync/comm/connect.h"
 
 namespace gradsync {

@@ -1,13 +1,27 @@
 // Uneven inputs on Gloo ranks-as-threads, 2-4 ranks: dist::Join over DataParallel under every
 // sync strategy and option, Horovod's join through the DistributedOptimizer, early
 // termination, and the errors (docs/join.md).
-#include "gradsync/comm/gloo.h"
-
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
+#include "expectations.h"
+#include "gradsync/comm/gloo.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/join.h"
+#include "gradsync/dist/zero.h"
 #include "gradsync/io/safetensors.h"
+#include "gradsync/kernels/ops.h"
+#include "gradsync/optim/adam.h"
 #include "gradsync/optim/grad_scaler.h"
-#include "join_scenarios.h"
+#include "gradsync/optim/sgd.h"
+#include "join.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
 
 namespace gradsync {
 namespace {
@@ -15,24 +29,30 @@ namespace {
 using comm::Communicator;
 using dist::DDPSyncStrategy;
 
-TEST(Join, DataParallelMatchesTheReferenceUnderEveryStrategy) {
-  for (const int world : {2, 3, 4}) {
-    comm::run_gloo_thread_group(world, [](Communicator& comm) {
-      for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
-                                             DDPSyncStrategy::forced_sync, DDPSyncStrategy::auto_select}) {
-        for (const std::string optimizer : {"sgd", "adam"}) {
-          for (const bool divide_by_initial : {true, false}) {
-            for (const bool find_unused : {false, true}) {
-              testing::uneven_data_parallel(comm, {.optimizer = optimizer,
-                                                   .strategy = strategy,
-                                                   .divide_by_initial_world_size = divide_by_initial,
-                                                   .find_unused_parameters = find_unused});
-            }
-          }
-        }
-      }
-    });
-  }
+// DataParallel inside dist::Join against the reference, one named case per world of 2-4 ranks,
+// strategy, optimizer, division rule and usage pattern.
+using UnevenParameters = std::tuple<int, DDPSyncStrategy, std::string, bool, bool>;
+class UnevenDataParallel : public ::testing::TestWithParam<UnevenParameters> {};
+
+std::string uneven_name(const ::testing::TestParamInfo<UnevenParameters>& info) {
+  const auto& [world, strategy, optimizer, divide_by_initial, find_unused] = info.param;
+  return testing::name(testing::ranks_name(world), testing::strategy_name(strategy), optimizer,
+                       divide_by_initial ? "by_initial" : "by_active", find_unused ? "unused" : "all_used");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, UnevenDataParallel,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::ValuesIn(testing::every_strategy()),
+                                            ::testing::Values("sgd", "adam"), ::testing::Bool(), ::testing::Bool()),
+                         uneven_name);
+
+TEST_P(UnevenDataParallel, MatchesTheReference) {
+  const auto& [world, strategy, optimizer, divide_by_initial, find_unused] = GetParam();
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    testing::uneven_data_parallel(comm, {.optimizer = optimizer,
+                                         .strategy = strategy,
+                                         .divide_by_initial_world_size = divide_by_initial,
+                                         .find_unused_parameters = find_unused});
+  });
 }
 
 // AUTO decides while a rank is joined (rank 1 runs out at step 4, the decision rides on step
@@ -45,21 +65,39 @@ TEST(Join, AutoDecidesWhileARankIsJoined) {
 }
 
 // ZeRO as a joinable: a joined rank keeps stepping its pieces (they are nobody else's) and
-// takes part in the gathers and in the clipping norm, under every strategy that applies.
-TEST(Join, ZeroOptimizerKeepsSteppingOnJoinedRanks) {
+// takes part in the gathers and in the clipping norm, under every strategy that applies (stage 2
+// refuses MULTI), and with clipping and division by the active ranks.
+using ZeroJoinParameters = std::tuple<int, int, std::string>;
+class ZeroJoin : public ::testing::TestWithParam<ZeroJoinParameters> {};
+
+std::vector<ZeroJoinParameters> zero_join_cases() {
+  std::vector<ZeroJoinParameters> cases;
   for (const int world : {2, 3, 4}) {
-    comm::run_gloo_thread_group(world, [](Communicator& comm) {
-      for (const int stage : {1, 2}) {
-        for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
-                                               DDPSyncStrategy::forced_sync, DDPSyncStrategy::auto_select}) {
-          if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;
-          testing::uneven_data_parallel(comm, {.optimizer = "adam", .strategy = strategy,
-                                               .find_unused_parameters = stage == 1, .zero_stage = stage});
-        }
-        testing::uneven_data_parallel(comm, {.divide_by_initial_world_size = false, .zero_stage = stage, .clip = 0.5});
+    for (const int stage : {1, 2}) {
+      for (const std::string variant : {"single_auto_sync", "multi_auto_sync", "forced_sync", "auto", "clip_by_active"}) {
+        if (stage == 2 && variant == "multi_auto_sync") continue;  // refused (ZeroErrors)
+        cases.emplace_back(world, stage, variant);
       }
-    });
+    }
   }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ZeroJoin, ::testing::ValuesIn(zero_join_cases()), [](const auto& info) {
+  return testing::name(testing::ranks_name(std::get<0>(info.param)), "stage" + std::to_string(std::get<1>(info.param)),
+                       std::get<2>(info.param));
+});
+
+TEST_P(ZeroJoin, KeepsSteppingOnJoinedRanks) {
+  const auto& [world, stage, variant] = GetParam();
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    if (variant == "clip_by_active") {
+      testing::uneven_data_parallel(comm, {.divide_by_initial_world_size = false, .zero_stage = stage, .clip = 0.5});
+    } else {
+      testing::uneven_data_parallel(comm, {.optimizer = "adam", .strategy = dist::parse_sync_strategy(variant),
+                                           .find_unused_parameters = stage == 1, .zero_stage = stage});
+    }
+  });
 }
 
 TEST(Join, CompressionHooksAndOneMicrobatch) {
@@ -102,18 +140,29 @@ TEST(Join, ACommunicationHookSeesTheShadowBuckets) {
   });
 }
 
-TEST(Join, DistributedOptimizerJoinsTheHorovodWay) {
-  for (const int world : {2, 3, 4}) {
-    comm::run_gloo_thread_group(world, [](Communicator& comm) {
-      testing::uneven_distributed_optimizer(comm, /*passes=*/1, /*sparse_bias=*/false);
-      testing::uneven_distributed_optimizer(comm, /*passes=*/2, /*sparse_bias=*/false);
-      testing::uneven_distributed_optimizer(comm, /*passes=*/2, /*sparse_bias=*/true);
-    });
-  }
+// Horovod's join through the DistributedOptimizer, with backward_passes_per_step and a sparse
+// parameter.
+class HorovodJoin : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, HorovodJoin,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values("1_pass", "2_passes", "2_passes_sparse_bias")),
+                         [](const auto& info) {
+                           return testing::name(testing::ranks_name(std::get<0>(info.param)), std::get<1>(info.param));
+                         });
+
+TEST_P(HorovodJoin, JoinsTheHorovodWay) {
+  const auto& [world, variant] = GetParam();
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    testing::uneven_distributed_optimizer(comm, variant == "1_pass" ? 1 : 2, variant == "2_passes_sparse_bias");
+  });
 }
 
-TEST(Join, ThrowOnEarlyTerminationRaisesEverywhereAtTheSameStep) {
-  for (const int world : {2, 3, 4}) comm::run_gloo_thread_group(world, testing::join_throws_on_early_termination);
+class JoinWorld : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Sizes, JoinWorld, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return testing::ranks_name(info.param); });
+
+TEST_P(JoinWorld, ThrowOnEarlyTerminationRaisesEverywhereAtTheSameStep) {
+  comm::run_gloo_thread_group(GetParam(), testing::join_throws_on_early_termination);
 }
 
 // A rank that joins while another is not inside a Join: the other gets an error naming it,
@@ -143,7 +192,7 @@ TEST(Join, AnUnshadowedCollectiveIsAClearError) {
       2,
       [](Communicator& comm) {
         testing::Regression model(64);
-        auto sgd = testing::make_test_optimizer("sgd", model.registry);
+        auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::training_settings("sgd"));
         optim::GradScaler scaler({}, &comm);
         dist::DataParallel ddp(model.registry, comm);
         const auto train = [&] {
@@ -196,71 +245,75 @@ TEST(Join, Misuse) {
 // and 4 batches; tests/reference/generate_join_fixtures.py, torch 2.x): the same final weights
 // on every rank and the same last joiner, for SGD and Adam, both division rules, with and
 // without no_sync accumulation.
-TEST(JoinReference, MatchesPyTorchJoin) {
+class JoinReference : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, JoinReference,
+                         ::testing::Combine(::testing::Values("sgd", "adam"), ::testing::Values("initial", "active"),
+                                            ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           return testing::name(std::get<0>(info.param), "by_" + std::get<1>(info.param),
+                                                std::to_string(std::get<2>(info.param)) + "_microbatches");
+                         });
+
+TEST_P(JoinReference, MatchesPyTorchJoin) {
+  const auto& [optimizer, division, micro] = GetParam();
   const io::SafetensorsReader fixture(testing::fixture_path("join.safetensors"));
   const std::vector<double> x = fixture.read("x").to_double_vector();  // [rank, step, micro, sample, feature]
   const std::vector<double> y = fixture.read("y").to_double_vector();  // [rank, step, micro, sample]
   const std::vector<double> counts = fixture.read("counts").to(DType::f64).to_double_vector();
   const std::int64_t world = 3, steps = 5, max_micro = 2, per_micro = 4, features = 8;
   ASSERT_EQ(static_cast<std::int64_t>(x.size()), world * steps * max_micro * per_micro * features);
-  for (const std::string optimizer : {"sgd", "adam"}) {
-    for (const std::string division : {"initial", "active"}) {
-      for (const int micro : {1, 2}) {
-        const std::string name = optimizer + "." + division + ".m" + std::to_string(micro);
-        SCOPED_TRACE(name);
-        comm::run_gloo_thread_group(static_cast<int>(world), [&](Communicator& comm) {
-          ParameterRegistry registry;
-          Parameter& w = registry.add("weight", {features});
-          Parameter& b = registry.add("bias", {1});
-          registry.finalize();
-          w.value().copy_from(fixture.read("w0"));
-          b.value().copy_from(fixture.read("b0"));
-          std::unique_ptr<optim::Optimizer> opt = testing::make_test_optimizer(optimizer, registry);
-          dist::DataParallel ddp(registry, comm);
-          dist::Join join(ddp, {.divide_by_initial_world_size = division == "initial"}, opt.get());
-          const auto r = static_cast<std::int64_t>(comm.rank());
-          for (std::int64_t step = 0; step < static_cast<std::int64_t>(counts[static_cast<std::size_t>(r)]); ++step) {
-            for (std::int64_t mb = 0; mb < micro; ++mb) {
-              std::optional<dist::DataParallel::NoSync> accumulate;
-              if (mb + 1 < micro) accumulate.emplace(ddp);
-              // d/dpred of 0.5 * mean((pred - y)^2) is (pred - y) / n.
-              const std::vector<double> wv = w.value().to_double_vector();
-              const double bv = b.value().to_double_vector()[0];
-              std::vector<double> gw(static_cast<std::size_t>(features), 0.0);
-              double gb = 0;
-              for (std::int64_t s = 0; s < per_micro; ++s) {
-                const std::int64_t row = ((r * steps + step) * max_micro + mb) * per_micro + s;
-                double pred = bv;
-                for (std::int64_t f = 0; f < features; ++f) pred += x[static_cast<std::size_t>(row * features + f)] * wv[static_cast<std::size_t>(f)];
-                const double error = (pred - y[static_cast<std::size_t>(row)]) / static_cast<double>(per_micro);
-                gb += error;
-                for (std::int64_t f = 0; f < features; ++f) gw[static_cast<std::size_t>(f)] += error * x[static_cast<std::size_t>(row * features + f)];
-              }
-              ddp.begin_backward();
-              b.accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(DType::f32));
-              registry.mark_ready(b);
-              w.accumulate_grad(Tensor::from_vector(gw, {features}).to(DType::f32));
-              registry.mark_ready(w);
-              ddp.end_backward();
-            }
-            opt->step();
-            opt->zero_grad();
-          }
-          EXPECT_EQ(join.join(), static_cast<int>(fixture.read(name + ".authoritative_rank").to_double_vector()[0]));
-          testing::expect_near_vectors("weight", w.value().to_double_vector(),
-                                       fixture.read(name + ".weight").to_double_vector(), 1e-5);
-          testing::expect_near_vectors("bias", b.value().to_double_vector(),
-                                       fixture.read(name + ".bias").to_double_vector(), 1e-5);
-        });
+  const std::string name = optimizer + "." + division + ".m" + std::to_string(micro);
+  comm::run_gloo_thread_group(static_cast<int>(world), [&](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& w = registry.add("weight", {features});
+    Parameter& b = registry.add("bias", {1});
+    registry.finalize();
+    w.value().copy_from(fixture.read("w0"));
+    b.value().copy_from(fixture.read("b0"));
+    std::unique_ptr<optim::Optimizer> opt =
+        testing::make_test_optimizer(optimizer, registry, testing::training_settings(optimizer));
+    dist::DataParallel ddp(registry, comm);
+    dist::Join join(ddp, {.divide_by_initial_world_size = division == "initial"}, opt.get());
+    const auto r = static_cast<std::int64_t>(comm.rank());
+    for (std::int64_t step = 0; step < static_cast<std::int64_t>(counts[static_cast<std::size_t>(r)]); ++step) {
+      for (std::int64_t mb = 0; mb < micro; ++mb) {
+        std::optional<dist::DataParallel::NoSync> accumulate;
+        if (mb + 1 < micro) accumulate.emplace(ddp);
+        // d/dpred of 0.5 * mean((pred - y)^2) is (pred - y) / n.
+        const std::vector<double> wv = w.value().to_double_vector();
+        const double bv = b.value().to_double_vector()[0];
+        std::vector<double> gw(static_cast<std::size_t>(features), 0.0);
+        double gb = 0;
+        for (std::int64_t s = 0; s < per_micro; ++s) {
+          const std::int64_t row = ((r * steps + step) * max_micro + mb) * per_micro + s;
+          double pred = bv;
+          for (std::int64_t f = 0; f < features; ++f) pred += x[static_cast<std::size_t>(row * features + f)] * wv[static_cast<std::size_t>(f)];
+          const double error = (pred - y[static_cast<std::size_t>(row)]) / static_cast<double>(per_micro);
+          gb += error;
+          for (std::int64_t f = 0; f < features; ++f) gw[static_cast<std::size_t>(f)] += error * x[static_cast<std::size_t>(row * features + f)];
+        }
+        ddp.begin_backward();
+        b.accumulate_grad(Tensor::from_vector(std::vector<double>{gb}, {1}).to(DType::f32));
+        registry.mark_ready(b);
+        w.accumulate_grad(Tensor::from_vector(gw, {features}).to(DType::f32));
+        registry.mark_ready(w);
+        ddp.end_backward();
       }
+      opt->step();
+      opt->zero_grad();
     }
-  }
+    EXPECT_EQ(join.join(), static_cast<int>(fixture.read(name + ".authoritative_rank").to_double_vector()[0]));
+    testing::expect_near_vectors("weight", w.value().to_double_vector(),
+                                 fixture.read(name + ".weight").to_double_vector(), 1e-5);
+    testing::expect_near_vectors("bias", b.value().to_double_vector(),
+                                 fixture.read(name + ".bias").to_double_vector(), 1e-5);
+  });
 }
 
 TEST(Join, AdasumRefusesToJoin) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::Regression model(64);
-    auto inner = testing::make_test_optimizer("sgd", model.registry);
+    auto inner = testing::make_test_optimizer("sgd", model.registry, testing::training_settings("sgd"));
     dist::DistributedOptimizer optimizer(*inner, comm, {.op = dist::Op::adasum});
     EXPECT_GRADSYNC_ERROR(optimizer.join(), "join is not supported with Adasum");
   });

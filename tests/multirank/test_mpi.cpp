@@ -1,14 +1,22 @@
 // MPI: the same collective checks as Gloo's, on processes started by mpirun (registered
 // with -np 2 and -np 4), plus the debug-mode mismatch path.
-#include "gradsync/comm/mpi.h"
+#include <string>
+#include <tuple>
 
-#include "comm_checks.h"
-#include "device_scenarios.h"
-#include "dist_scenarios.h"
+#include "collectives.h"
+#include "devices.h"
+#include "dist.h"
+#include "expectations.h"
 #include "gradsync/comm/connect.h"
+#include "gradsync/comm/mpi.h"
 #include "gradsync/comm/nccl.h"
-#include "join_scenarios.h"
-#include "zero_scenarios.h"
+#include "join.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
+#include "zero.h"
 
 namespace gradsync {
 namespace {
@@ -105,32 +113,59 @@ TEST(Mpi, ZZDefaultPathReportsAMismatch) {
 // Reducers sharing one MPI communicator, random per-rank ready orders.
 TEST(MpiDist, RandomReadyOrdersAcrossReducers) { testing::random_ready_orders_across_reducers(world(), 3, 100); }
 // The dist layer's main scenarios, on processes (docs/semantics/horovod.md items 19, 39-42, and
-// the N-ranks-equal-one-process equivalence).
-TEST(MpiDist, EquivalenceWithSingleProcessTraining) { testing::equivalence_with_single_process(world()); }
+// the N-ranks-equal-one-process equivalence). Parameterised tests run under mpirun as anywhere:
+// every rank walks the same instances in the same order.
+class MpiOptimizer : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Kinds, MpiOptimizer, ::testing::Values("sgd", "adam"),
+                         [](const auto& info) { return info.param; });
+TEST_P(MpiOptimizer, EquivalenceWithSingleProcessTraining) {
+  testing::equivalence_with_single_process(world(), GetParam());
+}
 TEST(MpiDist, ForceAllreduceWhenARankSkipsAParameter) { testing::force_allreduce_when_a_rank_skips_a_parameter(world()); }
 TEST(MpiDist, AdasumMath) { testing::adasum_math(world()); }
-TEST(MpiDist, DataParallelEquivalence) { testing::data_parallel_equivalence(world()); }
 TEST(MpiDist, DataParallelMissingGradient) { testing::data_parallel_missing_gradient(world()); }
+
+class MpiStrategy : public ::testing::TestWithParam<dist::DDPSyncStrategy> {};
+INSTANTIATE_TEST_SUITE_P(Strategies, MpiStrategy, ::testing::ValuesIn(testing::every_strategy()),
+                         [](const auto& info) { return testing::strategy_name(info.param); });
+class MpiExplicitStrategy : public ::testing::TestWithParam<dist::DDPSyncStrategy> {};
+INSTANTIATE_TEST_SUITE_P(Strategies, MpiExplicitStrategy, ::testing::ValuesIn(testing::explicit_strategies()),
+                         [](const auto& info) { return testing::strategy_name(info.param); });
+TEST_P(MpiExplicitStrategy, DataParallelEquivalence) { testing::data_parallel_equivalence(world(), GetParam()); }
 // Uneven inputs on processes (docs/join.md): every strategy, both division rules.
-TEST(MpiJoin, DataParallelUnevenInputs) {
-  for (const dist::DDPSyncStrategy strategy : {dist::DDPSyncStrategy::single_auto_sync, dist::DDPSyncStrategy::multi_auto_sync,
-                                               dist::DDPSyncStrategy::forced_sync, dist::DDPSyncStrategy::auto_select}) {
-    testing::uneven_data_parallel(world(), {.optimizer = "adam", .strategy = strategy, .find_unused_parameters = true});
-    testing::uneven_data_parallel(world(), {.strategy = strategy, .divide_by_initial_world_size = false});
-  }
+TEST_P(MpiStrategy, JoinUnevenInputsAdamFindUnused) {
+  testing::uneven_data_parallel(world(), {.optimizer = "adam", .strategy = GetParam(), .find_unused_parameters = true});
+}
+TEST_P(MpiStrategy, JoinUnevenInputsDividedByTheActiveRanks) {
+  testing::uneven_data_parallel(world(), {.strategy = GetParam(), .divide_by_initial_world_size = false});
 }
 TEST(MpiJoin, DistributedOptimizerJoin) { testing::uneven_distributed_optimizer(world(), 2, /*sparse_bias=*/true); }
 TEST(MpiJoin, ThrowOnEarlyTermination) { testing::join_throws_on_early_termination(world()); }
-TEST(MpiZero, DistributedOptimizerFrontEnd) { testing::horovod_zero_matches_unsharded(world()); }
-// ZeRO on processes (docs/zero.md): both stages against unsharded DataParallel.
-TEST(MpiZero, MatchesUnshardedDataParallel) {
-  for (const int stage : {1, 2}) {
-    for (const std::string optimizer : {"sgd", "adamw"}) {
-      testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer, .find_unused_parameters = true});
-      testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer,
-                                                .strategy = dist::DDPSyncStrategy::forced_sync, .dtype = DType::bf16});
-    }
+
+class MpiHorovodZero : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, MpiHorovodZero,
+                         ::testing::Combine(::testing::Values("sgd", "adam"), ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           return testing::name(std::get<0>(info.param), std::to_string(std::get<1>(info.param)) + "_passes");
+                         });
+TEST_P(MpiHorovodZero, DistributedOptimizerFrontEnd) {
+  for (const dist::Compression compression : {dist::Compression::none, dist::Compression::fp16}) {
+    testing::horovod_zero_matches_unsharded(
+        world(), {.optimizer = std::get<0>(GetParam()), .passes = std::get<1>(GetParam()), .compression = compression});
   }
+}
+
+// ZeRO on processes (docs/zero.md): both stages against unsharded DataParallel.
+class MpiZero : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, MpiZero, ::testing::Combine(::testing::Values(1, 2), ::testing::Values("sgd", "adamw")),
+                         [](const auto& info) {
+                           return testing::name("stage" + std::to_string(std::get<0>(info.param)), std::get<1>(info.param));
+                         });
+TEST_P(MpiZero, MatchesUnshardedDataParallel) {
+  const auto& [stage, optimizer] = GetParam();
+  testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer, .find_unused_parameters = true});
+  testing::zero_matches_unsharded(world(), {.stage = stage, .optimizer = optimizer,
+                                            .strategy = dist::DDPSyncStrategy::forced_sync, .dtype = DType::bf16});
 }
 
 }  // namespace gradsync

@@ -1,12 +1,26 @@
 // ZeRO on Gloo ranks-as-threads, 2-4 ranks (dist/zero.h, docs/zero.md): stage 1 and 2 against
 // unsharded DataParallel for SGD, Adam and AdamW, every sync strategy that applies, with and
 // without find_unused_parameters, mixed precision and clipping; the errors.
+#include <cstring>
 #include <set>
 #include <string>
+#include <tuple>
 
+#include "expectations.h"
 #include "gradsync/comm/gloo.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/join.h"
+#include "gradsync/dist/zero.h"
 #include "gradsync/io/registry_checkpoint.h"
-#include "zero_scenarios.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/clip.h"
+#include "gradsync/optim/sgd.h"
+#include "models.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "ranks_on_device.h"
+#include "test_util.h"
+#include "zero.h"
 
 namespace gradsync {
 namespace {
@@ -14,36 +28,58 @@ namespace {
 using comm::Communicator;
 using dist::DDPSyncStrategy;
 
-TEST(Zero, MatchesUnshardedDataParallel) {
+// ZeRO against unsharded DataParallel: every world of 2-4 ranks, stage, optimizer, explicit
+// strategy (stage 2 refuses MULTI) and usage pattern, one named case each; and DDP's default
+// buckets under AUTO.
+struct ZeroInstance {
+  int world;
+  testing::ZeroCase c;
+  std::string name;
+};
+
+std::vector<ZeroInstance> zero_instances() {
+  std::vector<ZeroInstance> instances;
+  const auto add = [&](int world, const testing::ZeroCase& c, const std::string& name) {
+    ZeroInstance instance;
+    instance.world = world;
+    instance.c = c;
+    instance.name = name;
+    instances.push_back(instance);
+  };
   for (const int world : {2, 3, 4}) {
-    comm::run_gloo_thread_group(world, [](Communicator& comm) {
-      for (const int stage : {1, 2}) {
-        for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
-          for (const DDPSyncStrategy strategy : {DDPSyncStrategy::single_auto_sync, DDPSyncStrategy::multi_auto_sync,
-                                                 DDPSyncStrategy::forced_sync}) {
-            if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;  // refused (below)
-            for (const bool find_unused : {false, true}) {
-              testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = optimizer, .strategy = strategy,
-                                                     .find_unused_parameters = find_unused});
-            }
+    for (const int stage : {1, 2}) {
+      const std::string prefix = testing::name(testing::ranks_name(world), "stage" + std::to_string(stage));
+      for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+        for (const dist::DDPSyncStrategy strategy : testing::explicit_strategies()) {
+          if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;  // refused (ZeroErrors)
+          for (const bool find_unused : {false, true}) {
+            add(world,
+                {.stage = stage, .optimizer = optimizer, .strategy = strategy, .find_unused_parameters = find_unused},
+                testing::name(prefix, optimizer, testing::strategy_name(strategy), find_unused ? "unused" : "all_used"));
           }
         }
-        // DDP's default buckets (everything in one here), AUTO.
-        testing::zero_matches_unsharded(comm, {.stage = stage, .strategy = DDPSyncStrategy::auto_select,
-                                               .bucket_cap_mb = std::nullopt, .steps = 10});
       }
-    });
+      add(world, {.stage = stage, .strategy = DDPSyncStrategy::auto_select, .bucket_cap_mb = std::nullopt, .steps = 10},
+          testing::name(prefix, "auto_default_buckets"));
+    }
   }
+  // 16-bit models with f32 master weights, and clipping.
+  for (const int stage : {1, 2}) {
+    const std::string prefix = testing::name(testing::ranks_name(3), "stage" + std::to_string(stage));
+    add(3, {.stage = stage, .optimizer = "adamw", .dtype = DType::bf16}, prefix + "_adamw_bf16");
+    add(3, {.stage = stage, .optimizer = "sgd", .clip = 0.05}, prefix + "_sgd_clip");
+    add(3, {.stage = stage, .optimizer = "adam", .dtype = DType::bf16, .clip = 0.05}, prefix + "_adam_bf16_clip");
+  }
+  return instances;
 }
 
-TEST(Zero, MixedPrecisionAndClipping) {
-  comm::run_gloo_thread_group(3, [](Communicator& comm) {
-    for (const int stage : {1, 2}) {
-      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "adamw", .dtype = DType::bf16});
-      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "sgd", .clip = 0.05});
-      testing::zero_matches_unsharded(comm, {.stage = stage, .optimizer = "adam", .dtype = DType::bf16, .clip = 0.05});
-    }
-  });
+class ZeroMatches : public ::testing::TestWithParam<ZeroInstance> {};
+INSTANTIATE_TEST_SUITE_P(Cases, ZeroMatches, ::testing::ValuesIn(zero_instances()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST_P(ZeroMatches, UnshardedDataParallel) {
+  comm::run_gloo_thread_group(GetParam().world,
+                              [&](Communicator& comm) { testing::zero_matches_unsharded(comm, GetParam().c); });
 }
 
 // The clipping norm is the same on every rank and equals the unsharded one.
@@ -51,7 +87,7 @@ TEST(Zero, ClipNormIsTheGlobalNorm) {
   comm::run_gloo_thread_group(3, [](Communicator& comm) {
     for (const int stage : {0, 1, 2}) {
       testing::ShardModel model(DType::f32);
-      auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+      auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
       dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
       std::unique_ptr<dist::ZeroOptimizer> zero;
       if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*sgd, ddp, dist::ZeroOptions{.stage = stage});
@@ -74,7 +110,7 @@ TEST(Zero, ClipNormIsTheGlobalNorm) {
 TEST(Zero, StepAsyncThenWaitPerParameter) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+    auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     dist::ZeroOptimizer zero(*adam, ddp);
     for (int step = 0; step < 3; ++step) {
@@ -126,7 +162,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   std::vector<double> straight, resumed_sharded, resumed_plain;
   comm::run_gloo_thread_group(4, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    auto adam = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
     train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, 6);
@@ -134,7 +170,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   });
   comm::run_gloo_thread_group(4, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    auto adam = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = true});
     dist::ZeroOptimizer zero(*adam, ddp, {.stage = 2});
     train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, 3);
@@ -145,7 +181,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   comm::run_gloo_thread_group(2, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
     io::load_registry(model.registry, weights);
-    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    auto adam = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
     zero.load_state(state);
@@ -155,7 +191,7 @@ TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
   comm::run_gloo_thread_group(3, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
     io::load_registry(model.registry, weights);
-    auto adam = testing::make_zero_test_optimizer("adamw", model.registry, optim::MasterWeights::none);
+    auto adam = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
     adam->load_state(state);  // the consolidated file is an ordinary optimizer checkpoint
     dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
     train_global(comm, model, ddp, [&] { adam->step(); adam->zero_grad(); }, 3, 3);
@@ -178,7 +214,7 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
     comm::run_gloo_thread_group(world, [&](Communicator& comm) {
       testing::ShardModel model(DType::f32);
       if (first > 0) io::load_registry(model.registry, weights);
-      auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+      auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
       dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
       dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
       before(zero, comm);
@@ -231,21 +267,36 @@ TEST(ZeroCheckpoint, AFailedSaveIsAnErrorEverywhere) {
   testing::TempDir folder;
   comm::run_gloo_thread_group(2, [&](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
     dist::DataParallel ddp(model.registry, comm);
     dist::ZeroOptimizer zero(*sgd, ddp);
     EXPECT_GRADSYNC_ERROR(zero.save_consolidated(folder / "missing-folder" / "state.safetensors"), "save_consolidated");
   });
 }
 
-TEST(Zero, DistributedOptimizerFrontEnd) {
-  for (const int world : {2, 3, 4}) comm::run_gloo_thread_group(world, testing::horovod_zero_matches_unsharded);
+// The DistributedOptimizer front end (zero_stage 1 and 2) against itself unsharded.
+class ZeroHorovod : public ::testing::TestWithParam<std::tuple<int, std::string, int, dist::Compression>> {};
+INSTANTIATE_TEST_SUITE_P(Cases, ZeroHorovod,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam"),
+                                            ::testing::Values(1, 2),
+                                            ::testing::Values(dist::Compression::none, dist::Compression::fp16)),
+                         [](const auto& info) {
+                           return testing::name(testing::ranks_name(std::get<0>(info.param)), std::get<1>(info.param),
+                                                std::to_string(std::get<2>(info.param)) + "_passes",
+                                                dist::compression_name(std::get<3>(info.param)));
+                         });
+
+TEST_P(ZeroHorovod, MatchesUnsharded) {
+  const auto& [world, kind, passes, compression] = GetParam();
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    testing::horovod_zero_matches_unsharded(comm, {.optimizer = kind, .passes = passes, .compression = compression});
+  });
 }
 
 TEST(Zero, DistributedOptimizerErrors) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
     EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.op = dist::Op::adasum, .zero_stage = 1}),
                           "zero_stage does not combine with op Adasum");
     EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.sparse_parameters = {model.parameters[0]},
@@ -266,7 +317,7 @@ TEST(Zero, DistributedOptimizerErrors) {
 TEST(Zero, Errors) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::ShardModel model(DType::f32);
-    auto sgd = testing::make_zero_test_optimizer("sgd", model.registry, optim::MasterWeights::none);
+    auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
     {
       dist::DataParallel ddp(model.registry, comm);
       EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, ddp, {.stage = 2}), "stage 2 needs a DataParallel with shard_gradients");
@@ -280,7 +331,7 @@ TEST(Zero, Errors) {
     }
     {
       // Other buckets on one rank: other pieces. An error on every rank, naming the bucket.
-      auto adam = testing::make_zero_test_optimizer("adam", model.registry, optim::MasterWeights::none);
+      auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
       dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = comm.rank() == 0 ? 1e-6 : 25.0});
       EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*adam, ddp), "shard layout", "bucket 0");
     }

@@ -1,5 +1,8 @@
 // CPU element-wise and reduction operations against naive references, and argument errors.
-#include "ops_checks.h"
+#include "expectations.h"
+#include "ops.h"
+#include "test_util.h"
+#include "gradsync/kernels/ops.h"
 
 namespace gradsync {
 namespace {

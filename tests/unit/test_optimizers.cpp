@@ -5,6 +5,7 @@
 
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/optim/factory.h"
 #include "gradsync/optim/lr_schedule.h"
 #include "optimizer_cases.h"
 
@@ -196,6 +197,41 @@ TEST(Optimizers, FusedSegmentsKeepArenaPaddingZero) {
       ASSERT_EQ(grads[k], 0.0) << "padding element " << k;
     }
   }
+}
+
+// optim::make_optimizer: by name (any case) and torch.optim's hyperparameter names, over
+// torch.optim's defaults; unknown names and invalid values are errors that change nothing.
+TEST(Optimizers, MadeByNameWithTorchsHyperparameterNames) {
+  ParameterRegistry registry;
+  Parameter& w = registry.add("w", {4});
+  Parameter& b = registry.add("b", {2});
+  registry.finalize();
+  auto adamw = optim::make_optimizer("AdamW", registry, {{"lr", 0.5}, {"amsgrad", 1}});
+  EXPECT_STREQ(adamw->name(), "AdamW");
+  optim::Hyperparameters h = adamw->hyperparameters(0);
+  EXPECT_EQ(h.at("lr"), 0.5);
+  EXPECT_EQ(h.at("weight_decay"), 0.01) << "AdamW's default";
+  EXPECT_EQ(h.at("amsgrad"), 1.0);
+  EXPECT_EQ(h.at("beta2"), 0.999);
+
+  auto sgd = optim::make_optimizer("sgd", registry, std::vector<optim::GroupSettings>{
+                                                       {{&w}, {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", 1}}},
+                                                       {{&b}, {{"lr", 0.2}}}});
+  EXPECT_EQ(sgd->group_count(), 2u);
+  EXPECT_EQ(sgd->hyperparameters(0).at("nesterov"), 1.0);
+  EXPECT_EQ(sgd->hyperparameters(1).at("lr"), 0.2);
+  EXPECT_EQ(sgd->hyperparameters(1).at("momentum"), 0.0);
+
+  EXPECT_GRADSYNC_ERROR(optim::make_optimizer("lamb", registry), "no optimizer 'lamb'", "sgd, adam or adamw");
+  EXPECT_GRADSYNC_ERROR(optim::make_optimizer("sgd", registry, {{"betas", 0.9}}), "no hyperparameter 'betas'",
+                        "momentum");
+  EXPECT_GRADSYNC_ERROR(optim::make_optimizer("adam", registry, {{"lr", -1.0}}), "invalid learning rate");
+  // update_hyperparameters is all or nothing.
+  EXPECT_GRADSYNC_ERROR(sgd->update_hyperparameters(0, {{"lr", 0.3}, {"momentum", -1.0}}), "invalid momentum");
+  EXPECT_EQ(sgd->hyperparameters(0).at("lr"), 0.1);
+  sgd->update_hyperparameters(0, {{"lr", 0.3}});
+  EXPECT_EQ(sgd->hyperparameters(0).at("lr"), 0.3);
+  EXPECT_EQ(sgd->hyperparameters(0).at("momentum"), 0.9);
 }
 
 TEST(Optimizers, HyperparameterErrorsMatchPyTorch) {

@@ -91,6 +91,10 @@ class Optimizer {
   virtual Hyperparameters hyperparameters(std::size_t group) const = 0;
   double lr(std::size_t group) const;
   void set_lr(std::size_t group, double lr);
+  // Replaces the hyperparameters `values` names, by torch.optim's names (what a config file or
+  // a checkpoint gives); the others keep their value. A name this optimizer does not have, or an
+  // invalid value, is an error naming it, and nothing changes.
+  void update_hyperparameters(std::size_t group, const Hyperparameters& values);
 
   // Steps taken by this parameter (those with a defined gradient); 0 if never stepped.
   std::int64_t step_count(const Parameter& parameter) const;

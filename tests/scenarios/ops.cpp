@@ -1,53 +1,18 @@
-// The element-wise and reduction checks, written once and run per device: the unit suite
-// runs them on the CPU, the gpu suite on CUDA. Each op is compared with a naive double
-// precision reference on seeded random data of awkward sizes (0, 1, odd, not a multiple of
-// any vector width, large).
-#pragma once
+// The ops checks (ops.h).
+#include "ops.h"
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
+#include "expectations.h"
 #include "gradsync/kernels/ops.h"
 #include "test_util.h"
 
 namespace gradsync::testing {
 
-inline const std::vector<DType>& all_dtypes() {
-  static const std::vector<DType> dtypes{DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64};
-  return dtypes;
-}
-
-inline const std::vector<std::int64_t>& awkward_sizes() {
-  static const std::vector<std::int64_t> sizes{0, 1, 7, 64, 1000, 100003};
-  return sizes;
-}
-
-// Relative tolerance of one result rounding in `dtype` (integers are exact).
-inline double rounding_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 2e-7;
-    case DType::f64: return 1e-15;
-    case DType::f16: return 1e-3;
-    case DType::bf16: return 8e-3;
-    default: return 0.0;
-  }
-}
-
-// Expects every element of `actual` (any device) to equal `expected` within one rounding.
-inline void expect_close(const std::string& what, const Tensor& actual, const std::vector<double>& expected) {
-  const std::vector<double> values = actual.to_double_vector();
-  ASSERT_EQ(values.size(), expected.size()) << what;
-  const double tolerance = rounding_tolerance(actual.dtype());
-  int reported = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const double bound = tolerance * std::max(1.0, std::abs(expected[i]));
-    if (!(std::abs(values[i] - expected[i]) <= bound) && reported++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << values[i] << ", expected " << expected[i];
-    }
-  }
-}
-
-inline void check_all_ops(Device device) {
+void check_all_ops(Device device) {
   std::uint64_t seed = 1;
   for (DType dtype : all_dtypes()) {
     for (std::int64_t n : awkward_sizes()) {

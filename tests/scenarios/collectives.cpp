@@ -1,33 +1,24 @@
-// Collective checks written once and run on any communicator: Gloo ranks-as-threads in the
-// multirank suite, MPI processes under mpirun. Inputs are small integers chosen per (rank,
-// element) so that sums, products, minima and maxima are exact in every dtype; averages are
-// checked within one rounding of the dtype (f16 1e-3, bf16 8e-3 relative, f32 2e-7, f64 1e-15).
-#pragma once
+// The collective checks (collectives.h).
+#include "collectives.h"
+
+#include <gtest/gtest.h>
 
 #include <cmath>
-#include <optional>
 #include <string>
-#include <vector>
 
-#include "gradsync/comm/communicator.h"
-#include "ops_checks.h"
+#include "expectations.h"
 
 namespace gradsync::testing {
 
-inline double input_value(int rank, std::int64_t i) { return static_cast<double>((i * 7 + rank * 3) % 11 - 5); }
-inline double product_value(int rank, std::int64_t i) { return ((i + rank) % 3 == 0 ? 2.0 : 1.0) * ((i + rank) % 2 ? -1.0 : 1.0); }
+namespace {
 
-inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std::int64_t)>& value,
-                     Device device = Device::cpu()) {
-  std::vector<double> values(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = value(i);
-  return Tensor::from_vector(values, {n}).to(dtype).to(device);
-}
+double input_value(int rank, std::int64_t i) { return static_cast<double>((i * 7 + rank * 3) % 11 - 5); }
+double product_value(int rank, std::int64_t i) { return ((i + rank) % 3 == 0 ? 2.0 : 1.0) * ((i + rank) % 2 ? -1.0 : 1.0); }
 
-// Runs every operation on tensors of the communicator's device type (CPU, or its CUDA device),
-// or on `on` (CUDA tensors on a CPU backend: staged through host memory).
-inline void check_collectives(comm::Communicator& comm, const std::vector<std::int64_t>& sizes,
-                              const std::vector<DType>& dtypes = all_dtypes(), std::optional<Device> on = std::nullopt) {
+}  // namespace
+
+void check_collectives(comm::Communicator& comm, const std::vector<std::int64_t>& sizes,
+                       const std::vector<DType>& dtypes, std::optional<Device> on) {
   const Device device = on.value_or(comm.device_type());
   const int rank = comm.rank();
   const int size = comm.size();

@@ -1,60 +1,26 @@
-// Uneven inputs (dist/join.h, DistributedOptimizer::join), written once against a
-// Communicator: run on Gloo ranks-as-threads (multirank/test_join.cpp, 2-4 ranks) and on MPI
-// processes (multirank/test_mpi.cpp). Each rank trains on a different number of batches; the
-// reference is computed independently on every rank by one model that takes, at every step,
-// the gradients of the ranks still active on the same samples, averaged by the same rule.
-#pragma once
+// The uneven-input scenarios (join.h).
+#include "join.h"
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <memory>
-#include <string>
-#include <vector>
 
-#include "dist_scenarios.h"
+#include "expectations.h"
+#include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/join.h"
 #include "gradsync/dist/zero.h"
+#include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
+#include "models.h"
+#include "optimizers.h"
+#include "test_util.h"
 
 namespace gradsync::testing {
 
-struct UnevenCase {
-  std::string optimizer = "sgd";  // sgd (momentum 0.9) | adam
-  dist::DDPSyncStrategy strategy = dist::DDPSyncStrategy::single_auto_sync;
-  int microbatches = 2;
-  bool divide_by_initial_world_size = true;
-  bool find_unused_parameters = false;  // then ranks skip the bias at some steps
-  dist::Compression compression = dist::Compression::none;
-  std::vector<int> counts{3, 5, 2, 5};  // batches per rank and epoch; epoch e shifts them by e
-  int epochs = 2;
-  double tolerance = 2e-5;  // f32 sums in another order; fp16 compression needs more
-  int zero_stage = 0;       // ZeRO (dist/zero.h): joined ranks keep stepping their pieces
-  double clip = 0;          // clip to this global norm before each step (0: off)
-  Device device = Device::cpu();  // where the model lives (device_scenarios.h runs cuda too)
+namespace {
 
-  int count(int rank, int epoch, int world) const {
-    return counts[static_cast<std::size_t>((rank + epoch) % world) % counts.size()];
-  }
-  std::string describe() const {
-    return optimizer + " " + dist::sync_strategy_name(strategy) + " x" + std::to_string(microbatches) +
-           (divide_by_initial_world_size ? " /initial" : " /active") + (find_unused_parameters ? " unused" : "") +
-           " " + dist::compression_name(compression) + (zero_stage ? " zero " + std::to_string(zero_stage) : "") +
-           (clip > 0 ? " clip" : "") + " on " + device.str();
-  }
-};
-
-inline std::unique_ptr<optim::Optimizer> make_test_optimizer(const std::string& kind, ParameterRegistry& registry) {
-  if (kind == "adam") {
-    return std::make_unique<optim::Adam>(registry, optim::Adam::Options{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999,
-                                                                        .eps = 1e-8, .weight_decay = 0.0,
-                                                                        .amsgrad = false, .maximize = false});
-  }
-  return std::make_unique<optim::SGD>(registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0,
-                                                                    .weight_decay = 0.0, .nesterov = false,
-                                                                    .maximize = false});
-}
-
-// The rank that joins last: the highest of those with the most batches.
-inline int expected_last_joiner(const std::vector<int>& counts) {
+int expected_last_joiner(const std::vector<int>& counts) {
   int last = 0;
   for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
     if (counts[static_cast<std::size_t>(r)] >= counts[static_cast<std::size_t>(last)]) last = r;
@@ -62,8 +28,9 @@ inline int expected_last_joiner(const std::vector<int>& counts) {
   return last;
 }
 
-// DataParallel inside dist::Join: weights equal to the reference after every epoch, on every rank.
-inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
+}  // namespace
+
+void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
   SCOPED_TRACE(c.describe());
   const int world = comm.size();
   const int micro = c.microbatches;
@@ -81,8 +48,10 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
   const std::int64_t samples = first_sample(c.epochs, 0, 0, 0);
   Regression model(samples, DType::f32, c.device);
   Regression single(samples);
-  std::unique_ptr<optim::Optimizer> optimizer = make_test_optimizer(c.optimizer, model.registry);
-  std::unique_ptr<optim::Optimizer> reference = make_test_optimizer(c.optimizer, single.registry);
+  std::unique_ptr<optim::Optimizer> optimizer =
+      make_test_optimizer(c.optimizer, model.registry, training_settings(c.optimizer));
+  std::unique_ptr<optim::Optimizer> reference =
+      make_test_optimizer(c.optimizer, single.registry, training_settings(c.optimizer));
   dist::DataParallel ddp(model.registry, comm,
                          {.bucket_cap_mb = 1e-6,  // a bucket per parameter: several collectives to shadow
                           .find_unused_parameters = c.find_unused_parameters,
@@ -148,9 +117,7 @@ inline void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) 
   for (const double other : all.to_double_vector()) EXPECT_EQ(other, static_cast<double>(context.strategy()));
 }
 
-// Horovod's join through the DistributedOptimizer: Average divides by the full world size,
-// with backward_passes_per_step and (optionally) the bias as a sparse parameter.
-inline void uneven_distributed_optimizer(comm::Communicator& comm, int passes, bool sparse_bias) {
+void uneven_distributed_optimizer(comm::Communicator& comm, int passes, bool sparse_bias) {
   SCOPED_TRACE("passes " + std::to_string(passes) + (sparse_bias ? " sparse bias" : ""));
   const int world = comm.size();
   const std::vector<int> counts_of{4, 2, 5, 3};
@@ -163,8 +130,8 @@ inline void uneven_distributed_optimizer(comm::Communicator& comm, int passes, b
   };
   Regression model(first_sample(steps, 0, 0));
   Regression single(first_sample(steps, 0, 0));
-  std::unique_ptr<optim::Optimizer> inner = make_test_optimizer("adam", model.registry);
-  std::unique_ptr<optim::Optimizer> reference = make_test_optimizer("adam", single.registry);
+  std::unique_ptr<optim::Optimizer> inner = make_test_optimizer("adam", model.registry, training_settings("adam"));
+  std::unique_ptr<optim::Optimizer> reference = make_test_optimizer("adam", single.registry, training_settings("adam"));
   dist::DistributedOptimizerOptions options{.backward_passes_per_step = passes};
   if (sparse_bias) options.sparse_parameters = {model.b};
   dist::DistributedOptimizer optimizer(*inner, comm, options);
@@ -202,9 +169,7 @@ inline void uneven_distributed_optimizer(comm::Communicator& comm, int passes, b
   expect_near_vectors("b", model.b->value().to_double_vector(), single.b->value().to_double_vector(), 2e-5);
 }
 
-// throw_on_early_termination: every rank raises at the same step, the one in which the first
-// rank ran out, and the ranks are still in step afterwards.
-inline void join_throws_on_early_termination(comm::Communicator& comm) {
+void join_throws_on_early_termination(comm::Communicator& comm) {
   const std::vector<int> counts_of{4, 2, 3, 5};
   const int mine = counts_of[static_cast<std::size_t>(comm.rank())];
   const int first_out = *std::min_element(counts_of.begin(), counts_of.begin() + comm.size());

@@ -1,113 +1,78 @@
-// The sync strategy set and every DistributedOptimizer option, written once against a
-// Communicator and a Device, so that one suite proves them with host parameters on Gloo and
-// MPI (every machine), with CUDA parameters staged through Gloo and MPI (2-4 ranks sharing one
-// GPU), and on NCCL (a world of one on a one-GPU machine, G ranks where there are G GPUs).
-//
-// Expected values are computed here, independently, and differ from the input even with one
-// rank (where every reduction is the identity): microbatches accumulate (sum of two buffers),
-// a hook scales, compression rounds, duplicate sparse rows add up. So a wrong op mapping, a
-// missing ordering between the engine's stream and the wire, or a lost copy back fails here.
-// The DistributedOptimizer runs its distributed path at world 1 too (reduce_with_one_rank).
-#pragma once
+// The device-parameterised suite (devices.h).
+#include "devices.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
-#include <optional>
-#include <thread>
-#include <tuple>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "dist_scenarios.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/core/device.h"
-#include "join_scenarios.h"
-#include "zero_scenarios.h"
+#include "dist.h"
+#include "expectations.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/kernels/ops.h"
+#include "join.h"
+#include "optimizers.h"
+#include "parameters.h"
+#include "test_util.h"
+#include "zero.h"
 
 namespace gradsync::testing {
 
-// Skips the calling test unless `device` can hold tensors here, saying why.
-#define GRADSYNC_SKIP_UNLESS_USABLE(device)                                                   \
-  do {                                                                                        \
-    if ((device).is_cuda() && cuda_device_count() <= (device).index) {                        \
-      GTEST_SKIP() << "skipped: " << (device).str() << " is not usable: "                     \
-                   << (cuda_device_count() == 0 ? cuda_unavailable_reason() : "no such device"); \
-    }                                                                                         \
-  } while (0)
+namespace {
 
-// The fixture of tests over (world size, device): the CUDA instances skip, saying why, where no
-// GPU is usable. Instantiate with ::testing::Combine(worlds, ::testing::Values("cpu", "cuda")),
-// naming the instances with RanksOnDevice::name.
-class RanksOnDevice : public ::testing::TestWithParam<std::tuple<int, const char*>> {
- protected:
-  void SetUp() override { GRADSYNC_SKIP_UNLESS_USABLE(device()); }
-  int world() const { return std::get<0>(GetParam()); }
-  Device device() const { return Device::parse(std::get<1>(GetParam())); }
-  // Runs body(comm, device) on world() Gloo ranks-as-threads.
-  void on_gloo_ranks(const std::function<void(comm::Communicator&, Device)>& body,
-                     const comm::CommOptions& options = {}) const {
-    const Device where = device();
-    comm::run_gloo_thread_group(world(), [&](comm::Communicator& comm) { body(comm, where); }, options);
-  }
-
- public:
-  static std::string name(const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
-    return std::to_string(std::get<0>(info.param)) + "_ranks_" + std::get<1>(info.param);
-  }
-};
-
-inline Tensor filled_on(std::int64_t numel, double value, Device device) {
-  return Tensor::from_vector(std::vector<double>(static_cast<std::size_t>(numel), value), {numel})
-      .to(DType::f32)
-      .to(device);
+std::pair<std::vector<double>, std::vector<double>> step_once(
+    comm::Communicator& comm, Device device, dist::DistributedOptimizerOptions options,
+    const std::function<void(ParameterRegistry&, Parameter&, Parameter&, dist::DistributedOptimizer&)>& grads,
+    bool sparse_q = false) {
+  ParameterRegistry registry;
+  Parameter& p = registry.add("p", {4}, DType::f32, device);
+  Parameter& q = registry.add("q", {6, 2}, DType::f32, device);
+  registry.finalize();
+  std::unique_ptr<optim::Optimizer> sgd = make_test_optimizer("sgd", registry, {{"lr", 1.0}});
+  options.reduce_with_one_rank = true;
+  if (sparse_q) options.sparse_parameters = {&q};
+  dist::DistributedOptimizer optimizer(*sgd, comm, options);
+  grads(registry, p, q, optimizer);
+  optimizer.step();
+  std::vector<double> minus_p = p.value().to_double_vector();
+  std::vector<double> minus_q = q.value().to_double_vector();
+  for (double& v : minus_p) v = -v;
+  for (double& v : minus_q) v = -v;
+  return {minus_p, minus_q};
 }
 
-// What a value becomes after a round trip through `dtype` (the compression's rounding).
-inline double rounded_through(double value, DType dtype) {
-  return Tensor::from_vector(std::vector<double>{value}, {1}).to(DType::f32).to(dtype).to(DType::f32).to_double_vector()[0];
-}
+}  // namespace
 
-inline void expect_all(const std::string& what, const Tensor& tensor, double expected, double relative = 1e-6) {
-  for (const double value : tensor.to_double_vector()) {
-    ASSERT_NEAR(value, expected, relative * std::max(1.0, std::abs(expected))) << what;
-  }
-}
-
-// Composer's strategies over two microbatches per step, two steps, one bucket per parameter:
-// whatever the strategy, each parameter ends with the mean over ranks of its microbatches' sum.
-inline void ddp_strategy_set(comm::Communicator& comm, Device device) {
+void ddp_strategy_set(comm::Communicator& comm, Device device, dist::DDPSyncStrategy strategy) {
   const int n = comm.size();
   const double r1 = comm.rank() + 1;
-  for (const dist::DDPSyncStrategy strategy :
-       {dist::DDPSyncStrategy::single_auto_sync, dist::DDPSyncStrategy::multi_auto_sync,
-        dist::DDPSyncStrategy::forced_sync, dist::DDPSyncStrategy::auto_select}) {
-    const std::string name = dist::sync_strategy_name(strategy);
-    ParameterRegistry registry;
-    Parameter& a = registry.add("a", {5}, DType::f32, device);
-    Parameter& b = registry.add("b", {3}, DType::f32, device);
-    registry.finalize();
-    dist::DataParallel ddp(registry, comm, {.bucket_cap_mb = 1e-6});
-    for (int step = 0; step < 2; ++step) {
-      for (int mb = 0; mb < 2; ++mb) {
-        auto context = dist::ddp_sync_context(ddp, mb == 1, strategy);
-        ddp.begin_backward();
-        b.accumulate_grad(filled_on(3, 10 * r1 * (mb + 1), device));
-        registry.mark_ready(b);
-        a.accumulate_grad(filled_on(5, r1 * (mb + 1), device));
-        registry.mark_ready(a);
-        ddp.end_backward();
-      }
-      expect_all(name + " a, step " + std::to_string(step), a.grad(), 3.0 * (n + 1) / 2);
-      expect_all(name + " b, step " + std::to_string(step), b.grad(), 30.0 * (n + 1) / 2);
-      registry.zero_grad();
+  const std::string name = dist::sync_strategy_name(strategy);
+  ParameterRegistry registry;
+  Parameter& a = registry.add("a", {5}, DType::f32, device);
+  Parameter& b = registry.add("b", {3}, DType::f32, device);
+  registry.finalize();
+  dist::DataParallel ddp(registry, comm, {.bucket_cap_mb = 1e-6});
+  for (int step = 0; step < 2; ++step) {
+    for (int mb = 0; mb < 2; ++mb) {
+      auto context = dist::ddp_sync_context(ddp, mb == 1, strategy);
+      ddp.begin_backward();
+      b.accumulate_grad(filled_on(3, 10 * r1 * (mb + 1), device));
+      registry.mark_ready(b);
+      a.accumulate_grad(filled_on(5, r1 * (mb + 1), device));
+      registry.mark_ready(a);
+      ddp.end_backward();
     }
+    expect_all(name + " a, step " + std::to_string(step), a.grad(), 3.0 * (n + 1) / 2);
+    expect_all(name + " b, step " + std::to_string(step), b.grad(), 30.0 * (n + 1) / 2);
+    registry.zero_grad();
   }
 }
 
-// find_unused_parameters, no_sync, synchronize_all, a comm hook and compression.
-inline void ddp_unused_no_sync_hook_compression(comm::Communicator& comm, Device device) {
+void ddp_unused_no_sync_hook_compression(comm::Communicator& comm, Device device) {
   const int n = comm.size();
   const double r1 = comm.rank() + 1;
   {
@@ -188,31 +153,7 @@ inline void ddp_unused_no_sync_hook_compression(comm::Communicator& comm, Device
   }
 }
 
-// A DistributedOptimizer over SGD with lr 1 from zero: after step() each parameter holds minus
-// its reduced gradient. `grads(p, q)` writes this rank's gradients and marks them ready.
-inline std::pair<std::vector<double>, std::vector<double>> step_once(
-    comm::Communicator& comm, Device device, dist::DistributedOptimizerOptions options,
-    const std::function<void(ParameterRegistry&, Parameter&, Parameter&, dist::DistributedOptimizer&)>& grads,
-    bool sparse_q = false) {
-  ParameterRegistry registry;
-  Parameter& p = registry.add("p", {4}, DType::f32, device);
-  Parameter& q = registry.add("q", {6, 2}, DType::f32, device);
-  registry.finalize();
-  optim::SGD sgd(registry, optim::SGD::Options{.lr = 1.0, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0,
-                                               .nesterov = false, .maximize = false});
-  options.reduce_with_one_rank = true;
-  if (sparse_q) options.sparse_parameters = {&q};
-  dist::DistributedOptimizer optimizer(sgd, comm, options);
-  grads(registry, p, q, optimizer);
-  optimizer.step();
-  std::vector<double> minus_p = p.value().to_double_vector();
-  std::vector<double> minus_q = q.value().to_double_vector();
-  for (double& v : minus_p) v = -v;
-  for (double& v : minus_q) v = -v;
-  return {minus_p, minus_q};
-}
-
-inline void distributed_optimizer_options(comm::Communicator& comm, Device device) {
+void distributed_optimizer_options(comm::Communicator& comm, Device device) {
   using dist::Op;
   const int n = comm.size();
   const double r1 = comm.rank() + 1;
@@ -338,9 +279,7 @@ inline void distributed_optimizer_options(comm::Communicator& comm, Device devic
   }
 }
 
-// ZeRO stages 1 and 2 against unsharded DataParallel, and uneven inputs under dist::Join (with
-// ZeRO too), with the model on `device`.
-inline void zero_and_join(comm::Communicator& comm, Device device) {
+void zero_and_join(comm::Communicator& comm, Device device) {
   zero_matches_unsharded(comm, {.stage = 1, .optimizer = "adam", .steps = 4, .device = device});
   zero_matches_unsharded(comm, {.stage = 2, .optimizer = "sgd", .clip = 0.5, .steps = 4, .device = device});
   if (comm.size() >= 2) {
@@ -349,25 +288,20 @@ inline void zero_and_join(comm::Communicator& comm, Device device) {
   }
 }
 
-// Every scenario with parameters on `device`.
-inline void all_device_scenarios(comm::Communicator& comm, Device device) {
+void all_device_scenarios(comm::Communicator& comm, Device device) {
   SCOPED_TRACE(std::string(comm.backend()) + ", " + std::to_string(comm.size()) + " rank(s), parameters on " + device.str());
-  ddp_strategy_set(comm, device);
+  for (const dist::DDPSyncStrategy strategy : every_strategy()) ddp_strategy_set(comm, device, strategy);
   ddp_unused_no_sync_hook_compression(comm, device);
   distributed_optimizer_options(comm, device);
-  equivalence_with_single_process(comm, device);
+  for (const std::string kind : {"sgd", "adam"}) equivalence_with_single_process(comm, kind, device);
   force_allreduce_when_a_rank_skips_a_parameter(comm, device);
-  data_parallel_equivalence(comm, device);
+  for (const dist::DDPSyncStrategy strategy : explicit_strategies()) data_parallel_equivalence(comm, strategy, device);
   data_parallel_missing_gradient(comm, device);
   random_ready_orders_across_reducers(comm, 3, 20, device);
   zero_and_join(comm, device);
 }
 
-// A rank that skips a collective (and issues nothing after it, like a stuck rank): the others'
-// wait times out and aborts; a Work that was in flight behind it reports failure, never
-// success, even where the abort completes its event (NCCL); every later operation fails at
-// once naming that first failure. Nobody hangs.
-inline void a_rank_that_skips_a_collective(comm::Communicator& comm, std::optional<Device> on = std::nullopt) {
+void a_rank_that_skips_a_collective(comm::Communicator& comm, std::optional<Device> on) {
   if (comm.size() < 2) return;
   if (comm.rank() == comm.size() - 1) {
     // Stuck: alive (its connections open) but issuing nothing, until the others are done.
