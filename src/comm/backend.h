@@ -40,7 +40,7 @@ class Backend {
 };
 
 // The communicator over a CPU backend: validation, sequence numbers, the communication
-// thread, timeouts, the agreement check. Defined in cpu_communicator.cpp.
+// thread, timeouts, the agreement check (cpu_communicator.cpp, cpu_engine.cpp).
 std::unique_ptr<Communicator> make_cpu_communicator(std::unique_ptr<Backend> backend, const CommOptions& options);
 
 }  // namespace gradsync::comm

@@ -142,7 +142,7 @@ TEST_F(Nccl, DataParallelAndDistributedOptimizerOnTheGpu) {
   EXPECT_NEAR(w.value().to_double_vector()[0], -0.1, 1e-6);
 }
 
-// The whole device suite (device_scenarios.h) on NCCL with one rank: every strategy, every
+// The whole device suite (tests/scenarios/devices.h) on NCCL with one rank: every strategy, every
 // DistributedOptimizer option through the Reducer (reduce_with_one_rank), expected values that
 // differ from the input.
 TEST_F(Nccl, EveryDeviceScenarioAtWorldOne) {

@@ -1,4 +1,4 @@
-// The device-parameterised suite (tests/common/device_scenarios.h) on Gloo ranks-as-threads:
+// The device-parameterised suite (tests/scenarios/devices.h) on Gloo ranks-as-threads:
 // worlds of 1 to 4 ranks, with parameters on the host and on the GPU. CUDA parameters travel
 // through Gloo staged in pinned host memory, so 2 to 4 ranks share one GPU here: the only way
 // to run the multi-rank logic on device tensors on a machine with one GPU. The cuda instances

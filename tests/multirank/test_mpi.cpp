@@ -50,7 +50,7 @@ TEST(Mpi, ManyInFlightOperationsCompleteInOrder) {
   }
 }
 
-// The device-parameterised suite (device_scenarios.h): host parameters, and CUDA parameters
+// The device-parameterised suite (tests/scenarios/devices.h): host parameters, and CUDA parameters
 // staged through MPI (every rank on the GPU of its local rank; 2 to 4 ranks may share one).
 TEST(MpiDevices, HostParameters) { testing::all_device_scenarios(world(), Device::cpu()); }
 
