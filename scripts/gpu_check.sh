@@ -64,9 +64,10 @@ run gpu_tests "$bundle/bin/test_gpu" --gtest_brief=1
 for suite in staging tensor casts ops registry safetensors optimizers nn; do
   run "unit_$suite" "$bundle/bin/test_$suite" --gtest_brief=1
 done
-run devices_gloo_1-4_ranks "$bundle/bin/test_devices" --gtest_brief=1
-run checklist_horovod "$bundle/bin/test_dist" --gtest_brief=1
-run checklist_ddp "$bundle/bin/test_data_parallel" --gtest_brief=1
+# The CUDA instances of the parameterised suites (their CPU instances run in CI).
+run devices_gloo_1-4_ranks "$bundle/bin/test_devices" --gtest_brief=1 --gtest_filter='*cuda*:NcclRanks.*'
+run checklist_horovod "$bundle/bin/test_dist" --gtest_brief=1 --gtest_filter='*cuda*'
+run checklist_ddp "$bundle/bin/test_data_parallel" --gtest_brief=1 --gtest_filter='*cuda*
 if ((have_mpirun)); then
   for ranks in 2 4; do
     run "devices_mpi_np$ranks" "${mpi_run[@]}" -np "$ranks" "$bundle/bin/test_mpi" --gtest_brief=1 \
