@@ -1,6 +1,8 @@
 // comm::connect: the backend choice and the environment rendezvous (gradsync/comm/connect.h).
 #include "gradsync/comm/connect.h"
 
+#include <algorithm>
+#include <cctype>
 #include <optional>
 #include <string>
 
@@ -49,10 +51,15 @@ std::string first_host_of_nodelist(std::string_view nodelist) {
       break;
     }
   }
-  // Each bracket group contributes its first entry: "01-04,07" -> "01" (zero padding kept).
+  const auto digits = [](std::string_view text) {
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  // Each bracket group contributes its first entry: "01-04,07" -> "01" (zero padding kept). Every
+  // entry of a group is checked: a number, or an ascending range of numbers.
   std::string host;
   for (std::size_t i = 0; i < item.size(); ++i) {
     if (item[i] == ']') malformed("unbalanced ']'");
+    if (std::isspace(static_cast<unsigned char>(item[i]))) malformed("white space in a host name");
     if (item[i] != '[') {
       host += item[i];
       continue;
@@ -60,9 +67,20 @@ std::string first_host_of_nodelist(std::string_view nodelist) {
     const std::size_t close = item.find(']', i);
     if (close == std::string_view::npos) malformed("unbalanced '['");
     const std::string_view group = item.substr(i + 1, close - i - 1);
-    const std::string_view first = group.substr(0, group.find_first_of(",-"));
-    if (first.empty()) malformed("an empty range");
-    host += first;
+    for (std::size_t start = 0; start <= group.size();) {
+      const std::size_t end = std::min(group.find(',', start), group.size());
+      const std::string_view entry = group.substr(start, end - start);
+      const std::size_t dash = entry.find('-');
+      const std::string_view low = entry.substr(0, dash);
+      const std::string_view high = dash == std::string_view::npos ? low : entry.substr(dash + 1);
+      if (entry.empty()) malformed("an empty range");
+      if (!digits(low) || !digits(high)) malformed("a range that is not numbers");
+      if (low.size() > 9 || high.size() > 9 || std::stoll(std::string(high)) < std::stoll(std::string(low))) {
+        malformed("a descending or oversized range");
+      }
+      start = end + 1;
+    }
+    host += group.substr(0, group.find_first_of(",-"));
     i = close;
   }
   if (host.empty()) malformed("no host");
@@ -88,6 +106,10 @@ LaunchEnvironment launch_from_environment() {
     if (host) {
       launch.host = *host;
     } else {
+      for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+        GRADSYNC_CHECK(!environment::is_set(name) || launcher(name), name, " is set but empty; set MASTER_ADDR to ",
+                       "rank 0's host");
+      }
       std::optional<std::string> nodelist = launcher("SLURM_STEP_NODELIST");
       if (!nodelist) nodelist = launcher("SLURM_JOB_NODELIST");
       GRADSYNC_CHECK(nodelist || launch.size == 1, "srun task ", launch.rank, " of ", launch.size,

@@ -34,6 +34,14 @@ constexpr std::array kKnobs{
          "comm (Gloo)"},
     Knob{"GRADSYNC_GLOO_STORE_DIR", "unset",
          "a shared folder that replaces the TCP store for the Gloo rendezvous", "comm (connect)"},
+    Knob{"GRADSYNC_STORE_BIND", "MASTER_ADDR",
+         "the address rank 0's rendezvous store listens on (an address of this machine; * for every interface); "
+         "by default MASTER_ADDR's when it is one of this machine's, else every interface",
+         "comm (Gloo's TCP store)"},
+    Knob{"GRADSYNC_STORE_TOKEN", "derived from the job id",
+         "the secret every rank presents to the rendezvous store, the same on every rank (scripts/launch.sh sets a "
+         "random one); unset: derived from the launcher's job id and the rendezvous",
+         "comm (Gloo's TCP store)"},
     Knob{"GRADSYNC_STAGING_POOL_MB", "4096",
          "the most memory of free page-locked and device staging buffers kept for reuse", "core (staging)"},
     Knob{"GRADSYNC_TIMELINE", "unset", "a path: each rank records its timeline to <path> with its rank inserted",
@@ -95,6 +103,8 @@ std::span<const Knob> knobs() { return kKnobs; }
 
 std::optional<std::string> launcher(const char* name) { return text_knob(name); }
 
+bool is_set(const char* name) { return std::getenv(name) != nullptr; }
+
 int launcher_integer(const char* name, int fallback) {
   const char* value = raw(name);
   if (value == nullptr) return fallback;
@@ -127,6 +137,8 @@ bool debug_collectives() { return switch_knob("GRADSYNC_DEBUG_COLLECTIVES", fals
 bool verify_collectives() { return switch_knob("GRADSYNC_VERIFY_COLLECTIVES", true); }
 std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST"); }
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
+std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }
+std::optional<std::string> store_token() { return text_knob("GRADSYNC_STORE_TOKEN"); }
 
 std::size_t staging_pool_bytes() {
   return static_cast<std::size_t>(whole_number("GRADSYNC_STAGING_POOL_MB", 0, 1LL << 30, "MiB").value_or(4096)) << 20;

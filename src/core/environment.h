@@ -31,6 +31,8 @@ std::span<const Knob> knobs();
 // ---- Launchers' variables
 // The variable's text; nullopt when it is unset or empty.
 std::optional<std::string> launcher(const char* name);
+// Whether the variable exists at all (empty included): tells "set but empty" from "unset".
+bool is_set(const char* name);
 // A launcher's non-negative integer (a rank, a size, a port, a job id): `fallback` when unset,
 // an error naming the variable when it is anything but digits below 2^30.
 int launcher_integer(const char* name, int fallback);
@@ -48,6 +50,8 @@ bool debug_collectives();                                       // GRADSYNC_DEBU
 bool verify_collectives();                                      // GRADSYNC_VERIFY_COLLECTIVES
 std::optional<std::string> gloo_host();                         // GRADSYNC_GLOO_HOST
 std::optional<std::string> gloo_store_dir();                    // GRADSYNC_GLOO_STORE_DIR
+std::optional<std::string> store_bind();                        // GRADSYNC_STORE_BIND
+std::optional<std::string> store_token();                       // GRADSYNC_STORE_TOKEN
 std::size_t staging_pool_bytes();                               // GRADSYNC_STAGING_POOL_MB
 std::optional<std::string> timeline_path();                     // GRADSYNC_TIMELINE
 bool baseline_cpu_isa();                                        // GRADSYNC_CPU_ISA

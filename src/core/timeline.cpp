@@ -60,7 +60,13 @@ int thread_id() {
   return id;
 }
 
+// run.json -> run.rank3.json; a folder (one that exists, or a path ending in '/') -> inside it,
+// timeline.rank3.json.
 std::string rank_path(const std::string& path, int rank) {
+  std::error_code ignored;
+  if (path.ends_with('/') || std::filesystem::is_directory(path, ignored)) {
+    return (std::filesystem::path(path) / ("timeline.rank" + std::to_string(rank) + ".json")).string();
+  }
   const std::filesystem::path p(path);
   const std::string extension = p.has_extension() ? p.extension().string() : std::string(".json");
   return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + extension)).string();
@@ -185,6 +191,10 @@ void stop() {
     out += "}";
   }
   out += "\n]}\n";
+  std::error_code ignored;  // a folder named with a trailing '/' may not exist yet
+  if (const auto folder = std::filesystem::path(file).parent_path(); !folder.empty()) {
+    std::filesystem::create_directories(folder, ignored);
+  }
   std::FILE* handle = std::fopen(file.c_str(), "w");
   if (handle == nullptr) {
     warn("timeline: cannot write " + file);

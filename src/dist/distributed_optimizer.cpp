@@ -166,7 +166,9 @@ struct DistributedOptimizer::Impl {
     int& remaining = delay[&parameter];
     GRADSYNC_CHECK(!(seen.count(&parameter) && remaining <= 0),
                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                   "Increase backward_passes_per_step to accumulate gradients locally. (parameter '",
+                   "Increase backward_passes_per_step to accumulate gradients locally. If a GradScaler skipped "
+                   "the last step, call synchronize() before scaler.step() and step inside skip_synchronize() "
+                   "(optim/grad_scaler.h). (parameter '",
                    name_of[&parameter], "', backward_passes_per_step ", options.backward_passes_per_step, ")");
     --remaining;
     seen.insert(&parameter);

@@ -731,14 +731,20 @@ TEST_P(DistWorld, ClipGradNormInOneCall) {
   EXPECT_EQ(warnings.load(), 0);
 }
 
+// The loss scaler's tests: one f16 parameter [1, 1] in a finalized registry.
+Parameter& half_parameter(ParameterRegistry& registry, Device device) {
+  Parameter& p = registry.add("p", {2}, DType::f16, device);
+  registry.finalize();
+  p.value().copy_from(Tensor::from_vector(std::vector<float>{1.0f, 1.0f}, {2}).to(DType::f16));
+  return p;
+}
+
 // The loss scaler's inf/NaN check is collective: an overflow on one rank only (gradients not
 // reduced, as with a sharded or local step) makes every rank skip, and the scales stay equal.
 TEST_P(DistWorld, GradScalerSkipsOnEveryRankWhenOneOverflows) {
   comm::run_gloo_thread_group(world(), [device = device()](Communicator& comm) {
     ParameterRegistry registry;
-    Parameter& p = registry.add("p", {2}, DType::f16, device);
-    registry.finalize();
-    p.value().copy_from(Tensor::from_vector(std::vector<float>{1.0f, 1.0f}, {2}).to(DType::f16));
+    Parameter& p = half_parameter(registry, device);
     optim::SGD sgd(registry, plain_sgd(0.5), optim::MasterWeights::f32);
     optim::GradScaler scaler({}, &comm);
     const bool overflow = comm.rank() == comm.size() - 1;
@@ -752,6 +758,37 @@ TEST_P(DistWorld, GradScalerSkipsOnEveryRankWhenOneOverflows) {
     p.set_grad(Tensor::from_vector(std::vector<float>{32768.0f, 0.0f}, {2}).to(DType::f16).to(device));
     EXPECT_TRUE(scaler.step(sgd));
     EXPECT_EQ(sgd.master_weight(p).to_double_vector(), (std::vector<double>{0.5, 1.0}));
+  });
+}
+
+// optim/grad_scaler.h's pattern with the DistributedOptimizer: reduce, then the scaler decides
+// and steps without reducing again. A skipped step must leave the next window clean (stepping
+// through scaler.step(inner, [&] { distributed.step(); }) alone used to break the step after a
+// skip with "computed more than backward_passes_per_step").
+TEST_P(DistWorld, GradScalerWithTheDistributedOptimizer) {
+  comm::run_gloo_thread_group(world(), [device = device()](Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& p = half_parameter(registry, device);
+    optim::SGD sgd(registry, plain_sgd(0.5), optim::MasterWeights::f32);
+    DistributedOptimizer distributed(sgd, comm);
+    optim::GradScaler scaler({}, &comm);
+    const bool overflow = comm.rank() == comm.size() - 1;
+    const std::vector<float> gradients[] = {{overflow ? INFINITY : 1.0f, 1.0f}, {8192.0f, 0.0f}, {8192.0f, 0.0f}};
+    std::vector<bool> stepped;
+    for (const std::vector<float>& gradient : gradients) {
+      distributed.zero_grad();
+      p.set_grad(Tensor::from_vector(gradient, {2}).to(DType::f16).to(device));
+      registry.mark_ready(p);
+      distributed.synchronize();
+      auto guard = distributed.skip_synchronize();
+      stepped.push_back(scaler.step(sgd, [&] { distributed.step(); }));
+      scaler.update();
+    }
+    EXPECT_EQ(stepped, (std::vector<bool>{false, true, true})) << "rank " << comm.rank();
+    EXPECT_EQ(scaler.scale(), 32768.0);
+    // The two clean steps each move p[0] by lr * 8192 / 32768 = 0.125. (8192: the f16 sum of
+    // four ranks' 8192 still fits, as the average sums first, as Horovod's does.)
+    EXPECT_EQ(sgd.master_weight(p).to_double_vector(), (std::vector<double>{0.75, 1.0})) << "rank " << comm.rank();
   });
 }
 

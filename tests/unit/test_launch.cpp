@@ -48,6 +48,11 @@ TEST(Launch, SlurmHostLists) {
   EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist("node01]"), "unbalanced ']'");
   EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist(""), "no host");
   EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist("node[]"), "empty range");
+  EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist("n[5-1]"), "'n[5-1]'", "descending");
+  EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist(" node01"), "white space");
+  EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist("node[01-a]"), "not numbers");
+  EXPECT_GRADSYNC_ERROR(comm::first_host_of_nodelist("node[01,,03]"), "empty range");
+  EXPECT_EQ(comm::first_host_of_nodelist("node[3-3,7]"), "node3");
 }
 
 TEST(Launch, PlainSrun) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -61,6 +62,24 @@ TEST(Timeline, RecordsSpansInstantsAndThreadsAsAChromeTrace) {
   EXPECT_EQ(begins, 4);  // outer, inner, the other thread's span, the SGD step
   EXPECT_EQ(instants, 2);
   EXPECT_TRUE(process && thread && escaped && ready_w && step);
+}
+
+}  // namespace
+}  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// A folder (GRADSYNC_TIMELINE=/tmp, say) means "inside it", not a file beside it.
+TEST(Timeline, AFolderMeansInsideIt) {
+  testing::TempDir folder;
+  timeline::start(folder.path().string(), 2);
+  EXPECT_EQ(timeline::path(), (folder / "timeline.rank2.json").string());
+  timeline::stop();
+  EXPECT_TRUE(std::filesystem::exists(folder / "timeline.rank2.json"));
+  timeline::start((folder / "not_yet_made/").string(), 1);
+  EXPECT_EQ(timeline::path(), (folder / "not_yet_made" / "timeline.rank1.json").string());
+  timeline::stop();
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 //
 // Switched on by GRADSYNC_TIMELINE=path (read when the first communicator connects, which
 // knows the rank) or by timeline::start(path, rank). Each rank writes its own file,
-// `path` with ".rank<R>" inserted before the extension (run.json -> run.rank0.json); the
-// events are kept in memory and written by timeline::stop() or at process exit.
+// `path` with ".rank<R>" inserted before the extension (run.json -> run.rank0.json), or, when
+// `path` is a folder, timeline.rank<R>.json inside it; the events are kept in memory and
+// written by timeline::stop() or at process exit.
 // scripts/timeline_merge.py joins the ranks' files into one trace (ranks as processes);
 // scripts/timeline_plot.py draws one step's overlap as a PNG.
 //

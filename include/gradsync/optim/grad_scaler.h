@@ -58,7 +58,12 @@ class GradScaler {
   void unscale(Optimizer& optimizer);
   // Unscales if not done yet, checks the gradients for inf/NaN (on every rank), then runs
   // `step` (by default optimizer.step()) unless one was found. Returns whether it stepped.
-  // With a DistributedOptimizer: scaler.step(inner, [&] { distributed.step(); }).
+  // With a DistributedOptimizer, reduce first and step without reducing again (Horovod's
+  // pattern), so a skipped step leaves no reduction half done:
+  //   distributed.synchronize();
+  //   auto guard = distributed.skip_synchronize();
+  //   scaler.step(inner, [&] { distributed.step(); });
+  //   scaler.update();
   bool step(Optimizer& optimizer);
   bool step(Optimizer& optimizer, const std::function<void()>& step);
   // The next scale: backoff after a skipped step, growth after growth_interval clean ones.
