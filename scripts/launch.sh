@@ -23,6 +23,13 @@ if [[ -z "${MASTER_PORT:-}" ]]; then
                 echo $((20000 + RANDOM % 20000)))
 fi
 export MASTER_PORT
+# The rendezvous store refuses whoever does not present the job's token: a random one for ranks
+# that all start here; across machines every node must share it (set GRADSYNC_STORE_TOKEN on
+# each, or let the ranks derive it from MASTER_ADDR, MASTER_PORT and WORLD_SIZE).
+if [[ -z "${GRADSYNC_STORE_TOKEN:-}" && $nodes -eq 1 ]]; then
+  GRADSYNC_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom 2>/dev/null | tr -d ' \n')
+  [[ -n "$GRADSYNC_STORE_TOKEN" ]] && export GRADSYNC_STORE_TOKEN
+fi
 
 pids=()
 for ((local = 0; local < per_node; ++local)); do

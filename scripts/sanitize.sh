@@ -3,7 +3,7 @@
 # Sanitizer (build-asan/) or ThreadSanitizer (build-tsan/), then run.
 #
 #   scripts/sanitize.sh asan            unit + multirank suites under ASan+UBSan (what CI runs)
-#   scripts/sanitize.sh tsan            the threaded tests under TSan (what CI runs: test_gloo,
+#   scripts/sanitize.sh tsan            the threaded tests under TSan (what CI runs: test_gloo, test_store,
 #                                       test_failures, test_dist, test_parallel; about 6 minutes)
 #   scripts/sanitize.sh tsan --all      every multirank test under TSan (longer; by hand)
 #   scripts/sanitize.sh asan -- NAME..  just these meson tests
@@ -73,6 +73,6 @@ else
   sweeps+=":Cases/ZeroJoin.*/2_ranks*:Cases/ZeroJoin.*/4_ranks*"
   sweeps+=":Cases/ZeroMatches.*/2_ranks*:Cases/ZeroMatches.*/4_ranks*:Cases/ZeroMatches.*_sgd_*:Cases/ZeroMatches.*_adamw_*"
   sweeps+=":Cases/ZeroHorovod.*/2_ranks*:Cases/ZeroHorovod.*/4_ranks*"
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero staging devices \
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero staging devices store \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:$sweeps"
 fi

@@ -14,8 +14,9 @@ esac
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# clang and its runtime libraries: the fuzz target of the checks suite (libFuzzer).
 packages=(meson ninja-build pkg-config cmake g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
-          libopenmpi-dev openmpi-bin libgloo-dev python3)
+          libopenmpi-dev openmpi-bin libgloo-dev python3 clang libclang-rt-14-dev)
 if [[ "${1:-}" == "--with-reference" ]]; then
   packages+=(python3-torch python3-numpy python3-pip)
 fi

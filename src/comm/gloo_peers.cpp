@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "socket_address.h"
+
 namespace gradsync::comm {
 
 // Every rank publishes the address of its end of each pair; rank j's end of the pair with
@@ -98,22 +100,8 @@ void PeerDirectory::learn_socket_addresses(Backend& backend) {
 
 // "[127.0.0.1]:40123", as Gloo prints addresses; empty for what is not IPv4/IPv6.
 std::string PeerDirectory::address_text(const sockaddr_storage& address) {
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (address.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
-    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-    port = ntohs(v4->sin_port);
-  } else if (address.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
-    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-    port = ntohs(v6->sin6_port);
-  } else {
-    return "";
-  }
-  std::string text(host);
-  if (text.rfind("::ffff:", 0) == 0 && text.find('.') != std::string::npos) text = text.substr(7);  // v4-mapped
-  return "[" + text + "]:" + std::to_string(port);
+  const std::optional<HostPort> named = host_and_port(address);
+  return named ? "[" + named->host + "]:" + std::to_string(named->port) : "";
 }
 
 

@@ -208,7 +208,7 @@ std::unique_ptr<Communicator> gloo_tcp_store(const std::string& host, int port, 
                 options);
   }
   const auto timeout = resolve_rendezvous_timeout(options.rendezvous_timeout, options.timeout);
-  auto store = std::make_shared<TcpStore>(host, port, /*serve=*/rank == 0, timeout);
+  auto store = std::make_shared<TcpStore>(host, port, /*serve=*/rank == 0, timeout, store_token(host, port, size));
   Rendezvous rendezvous = rendezvous_through(store, "the TCP store at " + host + ":" + std::to_string(port), options);
   rendezvous.keepalive = store->server();
   return meet(std::move(rendezvous), rank, size, options, /*barrier_after=*/true);

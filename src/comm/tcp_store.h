@@ -1,26 +1,68 @@
-// Internal: a small TCP key-value store for the Gloo rendezvous of processes
-// (MASTER_ADDR:MASTER_PORT, as torchrun sets them). Rank 0 serves; every rank, rank 0
-// included, is a client. Gloo's connectFullMesh publishes each rank's address under a key and
-// waits for the others'; that is all the store does, so it is kept small: SET and a polling
-// GET, every wait bounded by the timeout and failing with the key it waited for.
+// Internal: the TCP key-value store of the Gloo rendezvous between processes (MASTER_ADDR:
+// MASTER_PORT, as torchrun sets them). Rank 0 serves it for the whole run (a duplicate()
+// meets again through it); every rank, rank 0 included, is a client. Gloo's connectFullMesh
+// publishes each rank's addresses under a key and waits for the others': SET and a polling GET,
+// every wait bounded by the timeout and failing with the key it waited for.
+//
+// The server faces whatever reaches its port, so it is built not to be crashed, filled or held:
+//  * it listens on the address the launch names (MASTER_ADDR, when that is an address of this
+//    machine; GRADSYNC_STORE_BIND to choose), not on every interface;
+//  * a connection must first present the job's token (store_token: GRADSYNC_STORE_TOKEN, or
+//    derived from the launcher's job id), compared in constant time, within a couple of seconds;
+//    a stranger's bytes are refused and cost a few hundred bytes while they last;
+//  * every length is checked against a small cap (store_protocol.h) before anything is buffered;
+//    a malformed or oversized request closes that connection with a logged line, nothing else;
+//  * one thread serves every connection (poll), connections are capped, a request stalled half
+//    way is dropped after a few seconds and an idle connection after a few minutes (clients
+//    reconnect by themselves), and no exception leaves the loop.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace gradsync::comm {
 
-class TcpStoreServer;  // the listening side, alive as long as any rank of this process needs it
+class TcpStoreServer;
+
+struct TcpStoreServerOptions {
+  std::string bind_host = "127.0.0.1";  // an address of this machine, or "" for every interface
+  int port = 0;                         // 0: any free port (see port())
+  std::string token{};                  // what clients must present
+  int max_connections = 256;            // authenticated and not, together
+  int max_unauthenticated = 32;         // connections still to present the token
+  std::chrono::milliseconds handshake_timeout{2000};
+  std::chrono::milliseconds stall_timeout{5000};   // a request begun and not finished
+  std::chrono::milliseconds idle_timeout{300000};  // an authenticated connection silent this long
+};
+
+// What the server has done, for tests and messages.
+struct TcpStoreServerCounters {
+  std::int64_t accepted = 0;
+  std::int64_t authenticated = 0;
+  std::int64_t refused_token = 0;
+  std::int64_t refused_full = 0;  // over max_connections or max_unauthenticated
+  std::int64_t malformed = 0;
+  std::int64_t timed_out = 0;
+  std::int64_t open = 0;  // connections open now
+};
+
+// Starts serving on construction; stops, closing every connection, on destruction.
+std::shared_ptr<TcpStoreServer> start_tcp_store_server(const TcpStoreServerOptions& options);
+int tcp_store_server_port(const TcpStoreServer& server);
+TcpStoreServerCounters tcp_store_server_counters(const TcpStoreServer& server);
 
 class TcpStore final : public gloo::rendezvous::Store {
  public:
-  // rank 0 also starts the server on `port` (all interfaces). Connecting retries until the
-  // timeout: the server may not be up yet.
-  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout);
+  // A client of the store at host:port, presenting `token`. With `serve` (rank 0), the server
+  // is started first, on the address host names (or GRADSYNC_STORE_BIND). Connecting retries
+  // until the timeout: the server may not be up yet.
+  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout, std::string token);
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -32,13 +74,27 @@ class TcpStore final : public gloo::rendezvous::Store {
   std::shared_ptr<void> server() const;
 
  private:
+  void connect_until(std::chrono::steady_clock::time_point deadline);
+  int connect_once(std::string& last_error) const;
+  // One request and its response; reconnects once when the connection was closed (the server
+  // drops idle connections), so a request fails only when the server is gone.
+  bool exchange(const std::string& request, char& status, std::vector<char>* value);
   bool try_get(const std::string& key, std::vector<char>& value);
 
   std::shared_ptr<TcpStoreServer> server_;
   std::mutex mutex_;  // one request at a time on the socket (duplicates may meet from several threads)
   int socket_ = -1;
+  std::string host_;
+  int port_;
   std::string endpoint_;
+  std::string token_;
   std::chrono::milliseconds timeout_;
 };
+
+// The token of this job, the same on every rank: GRADSYNC_STORE_TOKEN when set, else derived from
+// the job id the launcher exports (torchrun's run id, Slurm's job and step, Open MPI's or PMIx's
+// job, LSF's, PBS's) and the rendezvous itself. Without a job id it only tells one job's store
+// from another's (PyTorch's magic number does as much); scripts/launch.sh sets a random one.
+std::string store_token(const std::string& host, int port, int size);
 
 }  // namespace gradsync::comm

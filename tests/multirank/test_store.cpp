@@ -1,0 +1,303 @@
+// The rendezvous store (src/comm/tcp_store.h) against hostile peers on loopback: strangers
+// without the job's token, malformed and oversized requests, floods of garbage, slow and
+// silent connections. Rank 0's memory and descriptors stay bounded, no exception leaves its
+// loop, and the job's own clients (a real Gloo rendezvous included) carry on.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/store_protocol.h"
+#include "comm/tcp_store.h"
+#include "gradsync/comm/gloo.h"
+#include "test_util.h"
+
+namespace gradsync {
+namespace {
+
+using namespace std::chrono_literals;
+using comm::TcpStore;
+
+// The process's open descriptors and resident memory (the server runs in this process).
+int open_descriptors() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+std::int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return 0;
+}
+
+// A raw TCP connection to the server, for sending what no client of ours would.
+int raw_connection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& bytes) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t put = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (put <= 0) return;  // the server may close first: that is the point
+    sent += static_cast<std::size_t>(put);
+  }
+}
+
+// True once the server has closed the connection (a read sees the end), within `limit`.
+bool closed_by_server(int fd, std::chrono::milliseconds limit) {
+  timeval timeout{};
+  timeout.tv_sec = static_cast<time_t>(limit.count() / 1000);
+  timeout.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char byte;
+  for (;;) {
+    const ssize_t got = ::recv(fd, &byte, 1, 0);
+    if (got == 0) return true;
+    if (got < 0) return errno == ECONNRESET;
+  }
+}
+
+template <typename Predicate>
+bool eventually(Predicate predicate, std::chrono::milliseconds limit = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return predicate();
+}
+
+struct Server {
+  std::shared_ptr<comm::TcpStoreServer> server;
+  int port;
+  explicit Server(comm::TcpStoreServerOptions options = {}) {
+    if (options.token.empty()) options.token = "the-job-token";
+    server = comm::start_tcp_store_server(options);
+    port = comm::tcp_store_server_port(*server);
+  }
+  comm::TcpStoreServerCounters counters() const { return comm::tcp_store_server_counters(*server); }
+  // A client of the job (the right token), checked to work.
+  void expect_clients_work(const std::string& key) const {
+    TcpStore client("127.0.0.1", port, false, 5000ms, "the-job-token");
+    client.set(key, {'o', 'k'});
+    EXPECT_EQ(client.get(key), (std::vector<char>{'o', 'k'}));
+  }
+};
+
+TEST(Store, AStrangerWithoutTheTokenIsRefused) {
+  Server server;
+  EXPECT_GRADSYNC_ERROR(TcpStore("127.0.0.1", server.port, false, 2000ms, "a-guess"), "refused this rank's token");
+  // Nothing before the hello is served: a plain get is malformed.
+  const int fd = raw_connection(server.port);
+  send_all(fd, comm::store::encode_request(comm::store::kGet, "0"));
+  EXPECT_TRUE(closed_by_server(fd, 2000ms));
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return server.counters().refused_token == 1 && server.counters().malformed == 1; }));
+  server.expect_clients_work("after strangers");
+}
+
+// 13 bytes with a huge length prefix used to end rank 0 (std::length_error in a handler).
+TEST(Store, AHugeLengthPrefixClosesOnlyThatConnection) {
+  Server server;
+  for (const std::string& bytes : {std::string("H\xff\xff\xff\xff\x00\x00\x00\x00" "abcd", 13),
+                                   std::string("H\x10\x00\x00\x00\xff\xff\xff\x7f", 9)}) {
+    const int fd = raw_connection(server.port);
+    send_all(fd, bytes);
+    EXPECT_TRUE(closed_by_server(fd, 2000ms));
+    ::close(fd);
+  }
+  // And from a client that did present the token: a 1 GiB value is refused at its header.
+  TcpStore client("127.0.0.1", server.port, false, 2000ms, "the-job-token");
+  const int fd = raw_connection(server.port);
+  send_all(fd, comm::store::encode_request(comm::store::kHello, comm::store::kHelloKey, "the-job-token"));
+  char ack = 0;
+  ASSERT_EQ(::recv(fd, &ack, 1, MSG_WAITALL), 1);
+  send_all(fd, std::string("S\x01\x00\x00\x00\x00\x00\x00\x40", 9));  // key 1 byte, value 1 GiB
+  EXPECT_TRUE(closed_by_server(fd, 2000ms));
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return server.counters().malformed == 3; }));
+  server.expect_clients_work("after huge prefixes");
+}
+
+// 200 connections of 4 KiB of random bytes each used to grow rank 0 past 23 GB.
+TEST(Store, AFloodOfGarbageStaysBounded) {
+  Server server;
+  const int descriptors = open_descriptors();
+  const std::int64_t before = resident_kib();
+  std::mt19937 random(11);
+  for (int wave = 0; wave < 10; ++wave) {
+    std::vector<int> fds;
+    for (int k = 0; k < 20; ++k) {
+      std::string garbage(4096, '\0');
+      for (char& c : garbage) c = static_cast<char>(random());
+      garbage[0] = 'H';  // past the first check: the lengths are what is refused
+      const int fd = raw_connection(server.port);
+      if (fd < 0) continue;
+      send_all(fd, garbage);
+      fds.push_back(fd);
+    }
+    for (const int fd : fds) ::close(fd);
+    server.expect_clients_work("during the flood " + std::to_string(wave));
+  }
+  EXPECT_TRUE(eventually([&] { return server.counters().open == 0; }));
+  EXPECT_LE(open_descriptors(), descriptors + 2) << "the server's connections are all closed again";
+  EXPECT_LT(resident_kib() - before, 64 * 1024) << "KiB grown during the flood";
+}
+
+// A request begun and never finished, connections that never present the token, and more
+// connections than the caps allow: all dropped, the job's clients unaffected.
+TEST(Store, SlowSilentAndSurplusConnectionsAreDropped) {
+  Server server({.max_connections = 48, .max_unauthenticated = 16, .handshake_timeout = 300ms,
+                 .stall_timeout = 300ms});
+  const int descriptors = open_descriptors();
+  // Silent: never a byte. Surplus: beyond 16 yet to authenticate, refused at once.
+  std::vector<int> silent;
+  for (int k = 0; k < 40; ++k) silent.push_back(raw_connection(server.port));
+  EXPECT_TRUE(eventually([&] { return server.counters().refused_full >= 24; }));
+  for (const int fd : silent) {
+    if (fd >= 0) {
+      EXPECT_TRUE(closed_by_server(fd, 3000ms));
+    }
+  }
+  // Half-open: a valid hello header, then nothing.
+  const int stalled = raw_connection(server.port);
+  const std::string hello = comm::store::encode_request(comm::store::kHello, comm::store::kHelloKey, "the-job-token");
+  send_all(stalled, hello.substr(0, 12));
+  EXPECT_TRUE(closed_by_server(stalled, 3000ms));
+  ::close(stalled);
+  for (const int fd : silent) {
+    if (fd >= 0) ::close(fd);
+  }
+  EXPECT_TRUE(eventually([&] { return server.counters().open == 0; }));
+  EXPECT_LE(open_descriptors(), descriptors + 2);
+  EXPECT_GE(server.counters().timed_out, 17);
+  server.expect_clients_work("after the silent ones");
+}
+
+// The server drops idle connections; the job's clients reconnect by themselves.
+TEST(Store, ClientsReconnectAfterTheServerDropsThemIdle) {
+  Server server({.idle_timeout = 200ms});
+  TcpStore client("127.0.0.1", server.port, false, 2000ms, "the-job-token");
+  client.set("a", {'1'});
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(client.get("a"), std::vector<char>{'1'});
+  client.set("b", {'2'});
+  EXPECT_EQ(client.get("b"), std::vector<char>{'2'});
+}
+
+// A real rendezvous of three ranks while a stranger floods the port with garbage.
+TEST(Store, ARendezvousCompletesDuringAFlood) {
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  std::atomic<bool> done{false};
+  std::thread flood([&] {
+    std::mt19937 random(5);
+    while (!done) {
+      const int fd = raw_connection(port);
+      if (fd >= 0) {
+        std::string garbage(512, '\0');
+        for (char& c : garbage) c = static_cast<char>(random());
+        send_all(fd, garbage);
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::vector<std::thread> ranks;
+  std::atomic<int> sums{0};
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto comm = comm::gloo_tcp_store("127.0.0.1", port, rank, 3, {.timeout = 20000ms});
+      Tensor t = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+      comm->allreduce(t, comm::ReduceOp::sum);
+      if (t.to_double_vector()[0] == 3.0) ++sums;
+    });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  done = true;
+  flood.join();
+  EXPECT_EQ(sums.load(), 3);
+}
+
+// The parser on random bytes and on mutations of valid requests: it never reads past its
+// buffer, never accepts what is over the caps, and round-trips what clients send. (The same
+// parser runs under libFuzzer in the checks suite: tests/fuzz/store_parser_fuzz.cpp.)
+TEST(StoreProtocol, RandomAndMutatedRequests) {
+  using comm::store::Parsed;
+  std::mt19937 random(1234);
+  const std::vector<std::string> seeds{
+      comm::store::encode_request(comm::store::kHello, comm::store::kHelloKey, "token"),
+      comm::store::encode_request(comm::store::kSet, "rank/3", std::string(300, 'x')),
+      comm::store::encode_request(comm::store::kGet, "dup0/1")};
+  for (const std::string& seed : seeds) {
+    const Parsed parsed = comm::store::parse_request(seed, /*authenticated=*/true);
+    ASSERT_EQ(parsed.status, Parsed::complete);
+    EXPECT_EQ(parsed.consumed, seed.size());
+    EXPECT_EQ(comm::store::encode_request(parsed.request.op, parsed.request.key, parsed.request.value), seed);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 1500ms;
+  std::int64_t runs = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string input;
+    if (random() % 2) {
+      input.resize(random() % 64);
+      for (char& c : input) c = static_cast<char>(random());
+    } else {
+      input = seeds[random() % seeds.size()];
+      for (int flips = 1 + static_cast<int>(random() % 4); flips > 0; --flips) {
+        input[random() % input.size()] = static_cast<char>(random());
+      }
+      input.resize(random() % (input.size() + 1));
+    }
+    for (const bool authenticated : {false, true}) {
+      const Parsed parsed = comm::store::parse_request(input, authenticated);
+      if (parsed.status == Parsed::complete) {
+        ASSERT_LE(parsed.consumed, input.size());
+        ASSERT_LE(parsed.request.key.size(), comm::store::kMaxKeyBytes);
+        ASSERT_LE(parsed.request.value.size(), comm::store::kMaxValueBytes);
+        ASSERT_TRUE(authenticated || parsed.request.op == comm::store::kHello);
+      } else if (parsed.status == Parsed::malformed) {
+        ASSERT_FALSE(parsed.error.empty());
+      }
+    }
+    ++runs;
+  }
+  EXPECT_GT(runs, 1000);
+}
+
+TEST(StoreProtocol, TokensCompareAlike) {
+  EXPECT_TRUE(comm::store::same_token("abc", "abc"));
+  EXPECT_FALSE(comm::store::same_token("abc", "abd"));
+  EXPECT_FALSE(comm::store::same_token("abc", "abcd"));
+  EXPECT_FALSE(comm::store::same_token("", "a"));
+  EXPECT_EQ(comm::store_token("h", 1, 2), comm::store_token("h", 1, 2));
+  EXPECT_NE(comm::store_token("h", 1, 2), comm::store_token("h", 1, 3));
+  EXPECT_EQ(comm::store_token("h", 1, 2).size(), 32u);
+}
+
+}  // namespace
+}  // namespace gradsync
