@@ -3,11 +3,17 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "gradsync/comm/agreement.h"
+#include "gradsync/io/checksum.h"
 #include "gradsync/io/safetensors.h"
+#include "zero_set.h"
 
 namespace gradsync::dist {
 
@@ -40,8 +46,52 @@ std::int64_t create_set_folder(const std::filesystem::path& folder) {
   return next;
 }
 
-std::string shard_key(std::size_t arena, std::size_t buffer) {
-  return "zero.shard." + std::to_string(arena) + "." + std::to_string(buffer);
+// The state load_state takes from the verified pieces: per parameter touching this rank's
+// ranges, a full-shape tensor with the pieces' elements filled in (Optimizer::load_state keeps
+// only the owned elements), and the presence of the others' state as metadata.
+void assemble(const optim::Optimizer& optimizer, const ShardLayout& layout, const std::vector<zero_set::Piece>& pieces,
+              std::vector<io::NamedTensor>& tensors, io::Metadata& metadata) {
+  const io::Metadata& first = pieces.front().file->metadata();
+  for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) metadata[key] = first.at(key);
+  const json present = json::parse(first.at("zero.present"), nullptr, /*allow_exceptions=*/false);
+  GRADSYNC_CHECK(present.is_object(), pieces.front().file->path().string(), ": 'zero.present' is not a JSON object");
+  const auto& names = optimizer.state_buffer_names();
+  std::map<std::pair<std::size_t, std::size_t>, std::map<std::size_t, Tensor>> buffers;  // (piece, arena) -> buffer -> data
+  json elsewhere = json::object();
+  for (const Parameter& parameter : optimizer.registry()) {
+    if (!parameter.requires_grad() || !present.contains(parameter.name())) continue;
+    const json& bits_value = present[parameter.name()];
+    GRADSYNC_CHECK(bits_value.is_number_unsigned() && bits_value.get<std::uint64_t>() < (std::uint64_t{1} << names.size()),
+                   pieces.front().file->path().string(), ": 'zero.present' of '", parameter.name(),
+                   "' is not a set of ", names.size(), " buffers");
+    const auto bits = bits_value.get<std::uint32_t>();
+    const auto p_begin = static_cast<std::int64_t>(parameter.arena_offset());
+    const std::int64_t p_end = p_begin + parameter.numel();
+    bool mine = false;
+    for (const auto& range : layout.ranges.at(parameter.arena_index())) mine = mine || (range.begin < p_end && p_begin < range.end);
+    if (!mine) {
+      elsewhere[parameter.name()] = bits;
+      continue;
+    }
+    const DType dtype = optimizer.state_dtype(parameter.arena_index());
+    for (std::size_t b = 0; b < names.size(); ++b) {
+      if (!(bits & (1u << b))) continue;
+      Tensor whole = Tensor::zeros({parameter.numel()}, dtype);
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        for (const zero_set::PieceRange& piece : pieces[k].ranges) {
+          if (piece.arena != parameter.arena_index()) continue;
+          const std::int64_t lo = std::max(piece.begin, p_begin), hi = std::min(piece.end, p_end);
+          if (lo >= hi) continue;
+          Tensor& data = buffers[{k, piece.arena}][b];
+          if (!data.defined()) data = pieces[k].file->read(zero_set::shard_key(piece.arena, b));
+          Tensor target = whole.view(static_cast<std::size_t>(lo - p_begin), {hi - lo});
+          target.copy_from(data.view(static_cast<std::size_t>(piece.packed + (lo - piece.begin)), {hi - lo}));
+        }
+      }
+      tensors.push_back({"optimizer.state." + parameter.name() + "." + names[b], whole.view(0, parameter.shape())});
+    }
+  }
+  metadata["optimizer.present_elsewhere"] = elsewhere.dump();
 }
 
 }  // namespace
@@ -109,201 +159,147 @@ void save_consolidated(optim::Optimizer& optimizer, comm::Communicator& comm, co
 
 void save_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const ShardLayout& layout,
                   const std::filesystem::path& folder) {
+  const std::string what = "ZeroOptimizer::save_sharded to " + folder.string() + " (the previous set, if any, is still in force)";
   // The set's folder, created by rank 0 under a name no earlier set has: the number after the
   // highest existing set-<n>, and create_directory (which fails on an existing folder) makes
   // sure of it. A name taken from the clock could repeat, and the cleanup of a failed save
-  // would then delete the previous set it is meant to keep.
-  Tensor id = Tensor::zeros({1}, DType::f64);
-  std::string failure;
-  if (comm.rank() == 0) {
+  // would then delete the previous set it is meant to keep. The id adds a random nonce, so that
+  // even a set number reused after the folder was emptied names another save.
+  Tensor identity = Tensor::zeros({2}, DType::i64);  // number, nonce
+  comm::agree(comm, what, [&] {
+    if (comm.rank() != 0) return;
+    identity.data_as<std::int64_t>()[0] = create_set_folder(folder);
+    std::random_device entropy;
+    identity.data_as<std::int64_t>()[1] = static_cast<std::int64_t>((std::uint64_t{entropy()} << 32) | entropy());
+  });
+  comm.broadcast_host(identity, 0);
+  zero_set::Manifest manifest;
+  manifest.set = set_name(identity.data_as<std::int64_t>()[0]);
+  manifest.id = std::to_string(identity.data_as<std::int64_t>()[0]) + "-" +
+                io::hex_digest(static_cast<std::uint64_t>(identity.data_as<std::int64_t>()[1]));
+  manifest.world = comm.size();
+  manifest.stage = layout.stage;
+  const std::filesystem::path set_folder = folder / manifest.set;
+  const auto cleaning_up = [&](const std::function<void()>& phase) {
     try {
-      id.data_as<double>()[0] = static_cast<double>(create_set_folder(folder));
-    } catch (const std::exception& error) {
-      failure = error.what();
-      id.data_as<double>()[0] = -1;
-    }
-  }
-  comm.broadcast_host(id, 0);
-  const auto number = static_cast<std::int64_t>(id.data_as<double>()[0]);
-  if (number < 0) {
-    detail::throw_error("ZeroOptimizer::save_sharded to ", folder.string(), ": ",
-                        failure.empty() ? "rank 0 could not create the set's folder (see its error)" : failure,
-                        " (the previous set, if any, is still in force)");
-  }
-  const std::string set = set_name(number);
-  const std::filesystem::path set_folder = folder / set;
-
-  try {
-    std::vector<io::NamedTensor> tensors;
-    const std::size_t buffers = optimizer.state_buffer_names().size();
-    for (std::size_t a = 0; a < layout.ranges.size(); ++a) {
-      for (std::size_t b = 0; b < buffers; ++b) {
-        const Tensor mine = optimizer.shard_state(a, b);
-        if (mine.defined() && mine.numel() > 0) tensors.push_back({shard_key(a, b), mine});
+      phase();
+    } catch (...) {
+      if (comm.rank() == 0) {
+        std::error_code ignored;
+        std::filesystem::remove_all(set_folder, ignored);  // the incomplete set; the manifest still names the old one
       }
+      throw;
     }
-    io::Metadata metadata = optimizer.state_metadata();
-    json ranges = json::array(), present = json::object();
-    for (std::size_t a = 0; a < layout.ranges.size(); ++a) {
-      for (const auto& range : layout.ranges[a]) ranges.push_back({a, range.begin, range.end});
-    }
-    for (const Parameter& parameter : optimizer.registry()) {
-      if (!parameter.requires_grad()) continue;
-      try {
-        if (const std::uint32_t bits = optimizer.state_presence(parameter)) present[parameter.name()] = bits;
-      } catch (const Error&) {  // not optimized by this optimizer
-      }
-    }
-    metadata["zero.ranges"] = ranges.dump();
-    metadata["zero.present"] = present.dump();
-    metadata["zero.rank"] = std::to_string(comm.rank());
-    metadata["zero.world"] = std::to_string(comm.size());
-    metadata["zero.stage"] = std::to_string(layout.stage);
-    io::save_safetensors(set_folder / ("rank" + std::to_string(comm.rank()) + ".safetensors"), tensors, metadata);
-  } catch (const std::exception& error) {
-    failure = error.what();
-  }
-  const auto give_up = [&](const std::string& what) {
-    if (comm.rank() == 0) {
-      std::error_code ignored;
-      std::filesystem::remove_all(set_folder, ignored);  // the incomplete set; the manifest still names the old one
-    }
-    detail::throw_error("ZeroOptimizer::save_sharded to ", folder.string(), ": ",
-                        failure.empty() ? what : failure, " (the previous set, if any, is still in force)");
   };
-  if (any_rank(comm, !failure.empty())) give_up("another rank could not write its piece (see its error)");
 
-  // Every piece is on disk: point the manifest at the new set, atomically.
-  if (comm.rank() == 0) {
-    try {
-      const json manifest = {{"set", set}, {"world", comm.size()}, {"stage", layout.stage}};
+  // Every rank writes its piece and measures what it wrote.
+  Tensor written = Tensor::zeros({2}, DType::i64);  // bytes, xxh64
+  cleaning_up([&] {
+    comm::agree(comm, what, [&] {
+      std::vector<io::NamedTensor> tensors;
+      const std::size_t buffers = optimizer.state_buffer_names().size();
+      for (std::size_t a = 0; a < layout.ranges.size(); ++a) {
+        for (std::size_t b = 0; b < buffers; ++b) {
+          const Tensor mine = optimizer.shard_state(a, b);
+          if (mine.defined() && mine.numel() > 0) tensors.push_back({zero_set::shard_key(a, b), mine});
+        }
+      }
+      json present = json::object();
+      for (const Parameter& parameter : optimizer.registry()) {
+        if (!parameter.requires_grad()) continue;
+        try {
+          if (const std::uint32_t bits = optimizer.state_presence(parameter)) present[parameter.name()] = bits;
+        } catch (const Error&) {  // not optimized by this optimizer
+        }
+      }
+      io::Metadata metadata = optimizer.state_metadata();
+      zero_set::describe_piece(metadata, manifest.id, comm.rank(), comm.size(), layout.stage, layout.ranges,
+                               present.dump());
+      const std::filesystem::path path = set_folder / zero_set::piece_file(comm.rank());
+      io::save_safetensors(path, tensors, metadata);
+      const io::FileChecksum checksum = io::checksum_file(path);  // what is on disk, read back
+      written.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(checksum.bytes);
+      written.data_as<std::int64_t>()[1] = static_cast<std::int64_t>(checksum.xxh64);
+    });
+  });
+
+  // Every piece is on disk: rank 0 records them in the manifest and points it at the new set,
+  // atomically.
+  Tensor all_written = Tensor::empty({2 * comm.size()}, DType::i64);
+  comm.allgather_host(written, all_written);
+  cleaning_up([&] {
+    comm::agree(comm, what, [&] {
+      if (comm.rank() != 0) return;
+      for (int rank = 0; rank < comm.size(); ++rank) {
+        const std::int64_t* entry = all_written.data_as<std::int64_t>() + 2 * rank;
+        manifest.pieces.push_back({zero_set::piece_file(rank), static_cast<std::uint64_t>(entry[0]),
+                                   static_cast<std::uint64_t>(entry[1])});
+      }
       const std::filesystem::path temporary = folder / "manifest.json.tmp";
       {
         std::ofstream out(temporary, std::ios::trunc);
-        out << manifest.dump(2) << "\n";
+        out << zero_set::manifest_text(manifest);
         out.flush();
         GRADSYNC_CHECK(out.good(), "cannot write ", temporary.string());
       }
       std::filesystem::rename(temporary, folder / "manifest.json");
-    } catch (const std::exception& error) {
-      failure = error.what();
-    }
-  }
-  if (any_rank(comm, !failure.empty())) give_up("rank 0 could not write the manifest (see its error)");
+    });
+  });
   if (comm.rank() == 0) {  // the old sets are no longer named: remove them
     for (const auto& entry : std::filesystem::directory_iterator(folder)) {
       const std::string name = entry.path().filename().string();
       std::error_code ignored;
-      if (entry.is_directory() && name.starts_with("set-") && name != set) std::filesystem::remove_all(entry.path(), ignored);
+      if (entry.is_directory() && name.starts_with("set-") && name != manifest.set) {
+        std::filesystem::remove_all(entry.path(), ignored);
+      }
     }
   }
   comm.barrier();
 }
 
+// Nothing is loaded until every rank has proven its files whole and agreed: first the manifest
+// and this rank's own piece; when the layout changed, every piece (each rank checksums its
+// share of them); then the assembled state is checked against the optimizer on every rank.
+// Each phase ends with comm::agree, so a damaged set is the same error on every rank, at once.
 void load_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const ShardLayout& layout,
                   const std::filesystem::path& folder, bool reshard) {
-  json manifest;
-  {
-    std::ifstream in(folder / "manifest.json");
-    GRADSYNC_CHECK(in.good(), "ZeroOptimizer::load_sharded: no manifest.json in ", folder.string(),
-                   " (not a sharded checkpoint, or its first save never completed)");
-    manifest = json::parse(in, nullptr, false);
-  }
-  GRADSYNC_CHECK(manifest.is_object() && manifest.contains("set") && manifest["set"].is_string() &&
-                     manifest.contains("world") && manifest["world"].is_number_integer(),
-                 "ZeroOptimizer::load_sharded: malformed ", (folder / "manifest.json").string());
-  const std::filesystem::path set_folder = folder / manifest["set"].get<std::string>();
-  const int saved_world = manifest["world"].get<int>();
-  const auto file_of = [&](int rank) { return set_folder / ("rank" + std::to_string(rank) + ".safetensors"); };
-
-  // Each saved file: its ranges. Same world and the same ranges: this rank's own file only.
-  struct Piece {
-    std::size_t file;
-    std::size_t arena;
-    std::int64_t begin, end, packed;  // packed: its offset in that file's buffer
-  };
-  std::vector<std::unique_ptr<io::SafetensorsReader>> files;
-  std::vector<Piece> pieces;
-  const auto read_ranges = [&](int rank) {
-    files.push_back(std::make_unique<io::SafetensorsReader>(file_of(rank)));
-    const io::Metadata& metadata = files.back()->metadata();
-    GRADSYNC_CHECK(metadata.contains("zero.ranges"), file_of(rank).string(), ": not a ZeRO shard (no zero.ranges)");
-    const json ranges = json::parse(metadata.at("zero.ranges"), nullptr, false);
-    GRADSYNC_CHECK(ranges.is_array(), file_of(rank).string(), ": malformed zero.ranges");
-    std::map<std::size_t, std::int64_t> packed;
-    for (const json& range : ranges) {
-      GRADSYNC_CHECK(range.is_array() && range.size() == 3, file_of(rank).string(), ": malformed zero.ranges");
-      const auto arena = range[0].get<std::size_t>();
-      const auto begin = range[1].get<std::int64_t>(), end = range[2].get<std::int64_t>();
-      pieces.push_back({files.size() - 1, arena, begin, end, packed[arena]});
-      packed[arena] += end - begin;
-    }
-  };
-  bool same_layout = saved_world == comm.size();
-  if (same_layout) {
-    read_ranges(comm.rank());
+  const std::string what = "ZeroOptimizer::load_sharded from " + folder.string();
+  zero_set::Manifest manifest;
+  std::vector<zero_set::Piece> pieces;  // the files this rank reads its state from
+  bool same_layout = false;
+  comm::agree(comm, what, [&] {
+    manifest = zero_set::read_manifest(folder);
+    if (comm.rank() >= manifest.world) return;  // no piece of its own: a reshard
+    pieces.push_back(zero_set::open_piece(folder, manifest, comm.rank(), optimizer, /*verify_bytes=*/true));
     std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t>> saved, mine;
-    for (const Piece& piece : pieces) saved.emplace_back(piece.arena, piece.begin, piece.end);
+    for (const zero_set::PieceRange& range : pieces.front().ranges) saved.emplace_back(range.arena, range.begin, range.end);
     for (std::size_t a = 0; a < layout.ranges.size(); ++a) {
       for (const auto& range : layout.ranges[a]) mine.emplace_back(a, range.begin, range.end);
     }
-    same_layout = saved == mine;
-  }
+    same_layout = manifest.world == comm.size() && saved == mine;
+  });
   // Every rank decides alike: resharding needed anywhere is resharding needed.
-  const bool needs_reshard = any_rank(comm, !same_layout);
-  if (needs_reshard) {
-    GRADSYNC_CHECK(reshard, "ZeroOptimizer::load_sharded: ", set_folder.string(), " was saved by ", saved_world,
-                   " rank(s)", saved_world == comm.size() ? " with other buckets" : "", ", this run has ",
-                   comm.size(), "; load_sharded(folder, /*reshard=*/true) reads each rank's pieces from every file");
-    files.clear();
+  if (any_rank(comm, !same_layout)) {
+    GRADSYNC_CHECK(reshard, what, ": the set ", manifest.set, " was saved by ", manifest.world, " rank(s)",
+                   manifest.world == comm.size() ? " with other buckets" : "", ", this run has ", comm.size(),
+                   "; load_sharded(folder, /*reshard=*/true) reads each rank's pieces from every file");
     pieces.clear();
-    for (int r = 0; r < saved_world; ++r) read_ranges(r);
+    comm::agree(comm, what, [&] {
+      for (int r = 0; r < manifest.world; ++r) {
+        pieces.push_back(zero_set::open_piece(folder, manifest, r, optimizer, /*verify_bytes=*/r % comm.size() == comm.rank()));
+      }
+      zero_set::check_consistent(pieces);
+    });
   }
 
-  // Per parameter touching this rank's pieces: a full-shape tensor with those pieces filled in
-  // (Optimizer::load_state keeps only the owned elements); presence of the others' state from
-  // the metadata.
-  const io::Metadata& first = files.front()->metadata();
-  io::Metadata metadata;
-  for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) {
-    GRADSYNC_CHECK(first.contains(key), files.front()->path().string(), ": no '", key, "' metadata");
-    metadata[key] = first.at(key);
-  }
-  const json present = json::parse(first.count("zero.present") ? first.at("zero.present") : "{}", nullptr, false);
-  GRADSYNC_CHECK(present.is_object(), files.front()->path().string(), ": malformed zero.present");
-  const auto& names = optimizer.state_buffer_names();
-  std::map<std::pair<std::size_t, std::size_t>, std::map<std::size_t, Tensor>> buffers;  // (file, arena) -> buffer -> data
   std::vector<io::NamedTensor> tensors;
-  json elsewhere = json::object();
-  for (const Parameter& parameter : optimizer.registry()) {
-    if (!parameter.requires_grad() || !present.contains(parameter.name())) continue;
-    const auto bits = present[parameter.name()].get<std::uint32_t>();
-    const auto p_begin = static_cast<std::int64_t>(parameter.arena_offset());
-    const std::int64_t p_end = p_begin + parameter.numel();
-    bool mine = false;
-    for (const auto& range : layout.ranges.at(parameter.arena_index())) mine = mine || (range.begin < p_end && p_begin < range.end);
-    if (!mine) {
-      elsewhere[parameter.name()] = bits;
-      continue;
-    }
-    const DType dtype = optimizer.state_dtype(parameter.arena_index());
-    for (std::size_t b = 0; b < names.size(); ++b) {
-      if (!(bits & (1u << b))) continue;
-      Tensor whole = Tensor::zeros({parameter.numel()}, dtype);
-      for (const Piece& piece : pieces) {
-        if (piece.arena != parameter.arena_index()) continue;
-        const std::int64_t lo = std::max(piece.begin, p_begin), hi = std::min(piece.end, p_end);
-        if (lo >= hi) continue;
-        Tensor& data = buffers[{piece.file, piece.arena}][b];
-        if (!data.defined()) data = files[piece.file]->read(shard_key(piece.arena, b));
-        Tensor target = whole.view(static_cast<std::size_t>(lo - p_begin), {hi - lo});
-        target.copy_from(data.view(static_cast<std::size_t>(piece.packed + (lo - piece.begin)), {hi - lo}));
-      }
-      tensors.push_back({"optimizer.state." + parameter.name() + "." + names[b], whole.view(0, parameter.shape())});
-    }
-  }
-  metadata["optimizer.present_elsewhere"] = elsewhere.dump();
-  optimizer.load_state(tensors, metadata, "the sharded checkpoint " + set_folder.string());
+  io::Metadata metadata;
+  const std::string origin = "the sharded checkpoint " + (folder / manifest.set).string();
+  comm::agree(comm, what, [&] {
+    assemble(optimizer, layout, pieces, tensors, metadata);
+    optimizer.check_state(tensors, metadata, origin);
+  });
+  optimizer.load_state(tensors, metadata, origin);
 }
 
 }  // namespace gradsync::dist

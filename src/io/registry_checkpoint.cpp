@@ -54,9 +54,9 @@ void compare_entry(const SafetensorsReader& file, const std::string& key, const 
     differences.push_back(line("'", key, "' has shape ", shape_str(info->shape), " in the file, ",
                                shape_str(parameter.shape()), " registered"));
   }
-  const bool convertible = convert && is_floating(info->dtype) && is_floating(dtype);
+  const bool convertible = convert && info->dtype && is_floating(*info->dtype) && is_floating(dtype);
   if (info->dtype != dtype && !convertible) {
-    differences.push_back(line("'", key, "' has dtype ", dtype_name(info->dtype), " in the file, ", dtype_name(dtype),
+    differences.push_back(line("'", key, "' has dtype ", info->dtype_label(), " in the file, ", dtype_name(dtype),
                                " registered", convert ? " (only floating dtypes convert)" : ""));
   }
 }

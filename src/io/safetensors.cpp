@@ -14,6 +14,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "json_brief.h"
+
 namespace gradsync::io {
 
 static_assert(std::endian::native == std::endian::little,
@@ -29,6 +31,26 @@ std::string errno_text() { return std::strerror(errno); }
 // The header is untrusted input. What the reference implementation rejects, we reject, before
 // parsing: a UTF-8 byte order mark, NUL bytes, and nesting deeper than any header needs (a
 // deeply nested value is also what would make a recursive printer overflow the stack).
+// Every dtype the format defines, with its width in bits: enough to check a tensor's byte
+// range even when gradsync cannot compute with it (the sub-byte floats pack their elements).
+struct FormatDType {
+  const char* name;
+  int bits;
+};
+constexpr FormatDType kFormatDTypes[] = {
+    {"BOOL", 8},     {"U8", 8},       {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8},
+    {"I16", 16},     {"U16", 16},     {"F16", 16},     {"BF16", 16},   {"I32", 32},    {"U32", 32},
+    {"F32", 32},     {"F64", 64},     {"I64", 64},     {"U64", 64},    {"C64", 64},    {"F4", 4},
+    {"F6_E2M3", 6},  {"F6_E3M2", 6},
+};
+
+int format_dtype_bits(const std::string& name) {
+  for (const FormatDType& entry : kFormatDTypes) {
+    if (name == entry.name) return entry.bits;
+  }
+  return 0;
+}
+
 constexpr int kMaxHeaderNesting = 64;
 void check_header_text(const std::string& text, const std::string& where) {
   GRADSYNC_CHECK(text.compare(0, 3, "\xEF\xBB\xBF") != 0, where, ": the header starts with a UTF-8 byte order mark");
@@ -56,21 +78,6 @@ void check_header_text(const std::string& text, const std::string& where) {
   }
 }
 
-// A short, non-recursive rendering of a header value for messages: scalars as they are, an
-// array of scalars up to 8 of them, anything deeper only by its kind.
-std::string brief(const json& value) {
-  if (!value.is_array()) return value.is_structured() ? "an object" : value.dump();
-  std::string text = "[";
-  std::size_t shown = 0;
-  for (const json& element : value) {
-    if (shown == 8) {
-      text += ", ...";
-      break;
-    }
-    text += (shown++ ? ", " : "") + (element.is_structured() ? std::string(element.is_array() ? "[...]" : "{...}") : element.dump());
-  }
-  return text + "]";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Atomic writing: everything goes to a temporary file beside the target; only a complete,
@@ -286,11 +293,14 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
     GRADSYNC_CHECK(entry.size() == 3, tensor, " has fields other than dtype, shape and data_offsets");
     GRADSYNC_CHECK(entry["dtype"].is_string(), tensor, ": dtype is not a string");
 
-    TensorInfo info{name, DType::f32, {}, 0, 0};
+    TensorInfo info{name, std::nullopt, {}, 0, 0, entry["dtype"].get<std::string>()};
+    const int element_bits = format_dtype_bits(info.stored_dtype);
+    GRADSYNC_CHECK(element_bits > 0, tensor, ": dtype '", brief(entry["dtype"]),
+                   "' is not one the safetensors format defines");
     try {
-      info.dtype = dtype_from_safetensors_name(entry["dtype"].get<std::string>());
-    } catch (const Error& error) {
-      detail::throw_error(tensor, ": ", error.what());
+      info.dtype = dtype_from_safetensors_name(info.stored_dtype);
+    } catch (const Error&) {
+      // Listed without a DType: the rest of the file stays readable.
     }
 
     const json& shape = entry["shape"];
@@ -319,11 +329,14 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
     } catch (const Error&) {
       detail::throw_error(tensor, ": shape ", brief(shape), " has more elements than fit in 64 bits");
     }
-    const std::uint64_t element_size = dtype_size(info.dtype);
-    GRADSYNC_CHECK(static_cast<std::uint64_t>(numel) <= std::numeric_limits<std::uint64_t>::max() / element_size &&
-                       static_cast<std::uint64_t>(numel) * element_size == end - begin,
-                   tensor, ": shape ", shape_str(info.shape), " of ", dtype_name(info.dtype), " needs ",
-                   numel, " elements, but data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes");
+    // Bits, so that packed sub-byte elements are checked the same way; a partial last byte is
+    // an error, as in the reference library.
+    const auto bits = static_cast<std::uint64_t>(element_bits);
+    GRADSYNC_CHECK(static_cast<std::uint64_t>(numel) <= std::numeric_limits<std::uint64_t>::max() / bits &&
+                       static_cast<std::uint64_t>(numel) * bits % 8 == 0 &&
+                       static_cast<std::uint64_t>(numel) * bits / 8 == end - begin,
+                   tensor, ": shape ", shape_str(info.shape), " of ", info.dtype_label(), " needs ", numel,
+                   " elements, but data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes");
     info.data_begin = static_cast<std::size_t>(begin);
     info.data_end = static_cast<std::size_t>(end);
     tensors_.push_back(std::move(info));
@@ -349,6 +362,8 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
   for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
+std::string TensorInfo::dtype_label() const { return dtype ? dtype_name(*dtype) : stored_dtype; }
+
 const TensorInfo* SafetensorsReader::find(std::string_view name) const {
   const auto found = index_.find(std::string(name));
   return found == index_.end() ? nullptr : &tensors_[found->second];
@@ -357,21 +372,23 @@ const TensorInfo* SafetensorsReader::find(std::string_view name) const {
 Tensor SafetensorsReader::read(std::string_view name) const {
   const TensorInfo* info = find(name);
   GRADSYNC_CHECK(info != nullptr, "safetensors file '", path_.string(), "' has no tensor named '", name, "'");
-  Tensor tensor = Tensor::empty(info->shape, info->dtype);
   FileDescriptor file(path_);
-  read_at(file.get(), path_, data_start_ + info->data_begin, tensor.data(), tensor.nbytes());
-  return tensor;
+  return read_tensor(file.get(), *info);
 }
 
 std::vector<NamedTensor> SafetensorsReader::read_all() const {
   std::vector<NamedTensor> all;
   FileDescriptor file(path_);
-  for (const TensorInfo& info : tensors_) {
-    Tensor tensor = Tensor::empty(info.shape, info.dtype);
-    read_at(file.get(), path_, data_start_ + info.data_begin, tensor.data(), tensor.nbytes());
-    all.push_back({info.name, std::move(tensor)});
-  }
+  for (const TensorInfo& info : tensors_) all.push_back({info.name, read_tensor(file.get(), info)});
   return all;
+}
+
+Tensor SafetensorsReader::read_tensor(int file, const TensorInfo& info) const {
+  GRADSYNC_CHECK(info.dtype.has_value(), "safetensors file '", path_.string(), "': tensor '", info.name, "' is ",
+                 info.stored_dtype, ", which gradsync does not handle (it handles F32, F64, F16, BF16, I32, I64)");
+  Tensor tensor = Tensor::empty(info.shape, *info.dtype);
+  read_at(file, path_, data_start_ + info.data_begin, tensor.data(), tensor.nbytes());
+  return tensor;
 }
 
 }  // namespace gradsync::io

@@ -41,8 +41,8 @@ std::size_t Optimizer::load_master_weights(const io::SafetensorsReader& file) {
     if (group_of_[parameter.index()] == kNoGroup || !has_master(parameter.arena_index())) continue;
     const io::TensorInfo* info = file.find(parameter.name());
     if (info == nullptr) continue;
-    GRADSYNC_CHECK(info->shape == parameter.shape() && is_floating(info->dtype), "load_master_weights: '",
-                   parameter.name(), "' is ", dtype_name(info->dtype), shape_str(info->shape), " in '",
+    GRADSYNC_CHECK(info->shape == parameter.shape() && info->dtype && is_floating(*info->dtype),
+                   "load_master_weights: '", parameter.name(), "' is ", info->dtype_label(), shape_str(info->shape), " in '",
                    file.path().string(), "', the parameter ", dtype_name(parameter.dtype()),
                    shape_str(parameter.shape()));
     entries.emplace_back(&parameter, info);

@@ -95,20 +95,40 @@ void Optimizer::load_state(const io::SafetensorsReader& file) {
                   [&](const std::string& name) { return file.read(name); });
 }
 
+namespace {
+std::vector<io::TensorInfo> infos_of(const std::vector<io::NamedTensor>& tensors) {
+  std::vector<io::TensorInfo> infos;
+  for (const io::NamedTensor& tensor : tensors) {
+    infos.push_back({tensor.name, tensor.tensor.dtype(), tensor.tensor.shape(), 0, 0,
+                     dtype_safetensors_name(tensor.tensor.dtype())});
+  }
+  return infos;
+}
+}  // namespace
+
 void Optimizer::load_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata,
                            const std::string& origin) {
-  std::vector<io::TensorInfo> infos;
   std::map<std::string, const Tensor*> by_name;
-  for (const io::NamedTensor& tensor : tensors) {
-    infos.push_back({tensor.name, tensor.tensor.dtype(), tensor.tensor.shape(), 0, 0});
-    by_name[tensor.name] = &tensor.tensor;
-  }
-  load_state_from(origin, metadata, infos, [&](const std::string& name) { return *by_name.at(name); });
+  for (const io::NamedTensor& tensor : tensors) by_name[tensor.name] = &tensor.tensor;
+  load_state_from(origin, metadata, infos_of(tensors), [&](const std::string& name) { return *by_name.at(name); });
+}
+
+void Optimizer::check_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata,
+                            const std::string& origin) const {
+  plan_load(origin, metadata, infos_of(tensors));
 }
 
 void Optimizer::load_state_from(const std::string& where, const io::Metadata& metadata,
                                 const std::vector<io::TensorInfo>& tensors,
                                 const std::function<Tensor(const std::string&)>& read) {
+  const LoadPlan plan = plan_load(where, metadata, tensors);
+  std::vector<Tensor> data;
+  for (const LoadPlan::Staged& entry : plan.staged) data.push_back(read(entry.key));
+  commit(where, plan, data);
+}
+
+Optimizer::LoadPlan Optimizer::plan_load(const std::string& where, const io::Metadata& metadata,
+                                         const std::vector<io::TensorInfo>& tensors) const {
   for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) {
     GRADSYNC_CHECK(metadata.contains(key), where, " has no '", key, "' metadata: it is not an optimizer state");
   }
@@ -126,9 +146,7 @@ void Optimizer::load_state_from(const std::string& where, const io::Metadata& me
     for (const std::string& line : plan.differences) message << "\n  - " << line;
     throw Error(message.str());
   }
-  std::vector<Tensor> data;
-  for (const LoadPlan::Staged& entry : plan.staged) data.push_back(read(entry.key));
-  commit(where, plan, data);
+  return plan;
 }
 
 // Groups: the same members in the same order, and hyperparameters to restore.
@@ -209,7 +227,7 @@ void Optimizer::check_tensors(const std::vector<io::TensorInfo>& tensors, LoadPl
       plan.differ("'", info.name, "': no optimized parameter '", parameter_name, "'");
     } else if (info.shape != parameter->shape() || info.dtype != state_dtype(parameter->arena_index())) {
       const DType expected = state_dtype(parameter->arena_index());
-      plan.differ("'", info.name, "' is ", dtype_name(info.dtype), shape_str(info.shape), " in the file, the parameter ",
+      plan.differ("'", info.name, "' is ", info.dtype_label(), shape_str(info.shape), " in the file, the parameter ",
                   dtype_name(parameter->dtype()), shape_str(parameter->shape()),
                   expected != parameter->dtype() ? std::string(" with ") + dtype_name(expected) + " state" : std::string());
     } else if (plan.steps[parameter->index()] == 0) {

@@ -13,6 +13,7 @@
 
 #include "collectives.h"
 #include "expectations.h"
+#include "gradsync/comm/agreement.h"
 #include "gradsync/comm/connect.h"
 
 namespace gradsync {
@@ -154,6 +155,27 @@ TEST(Gloo, ArgumentErrorsNameTheOperation) {
     EXPECT_GRADSYNC_ERROR(comm.allgatherv(in, wrong_size, {4}), "1 counts for 2 ranks");
     comm.barrier();  // validation errors do not break the communicator
   });
+}
+
+// comm::agree: nothing when every rank succeeded; otherwise the same error on every rank, naming
+// the lowest failing rank's reason (said once, without its own "rank R: ") and the others.
+TEST(Gloo, AgreementRaisesTheSameErrorOnEveryRank) {
+  std::vector<std::string> messages(4);
+  comm::run_gloo_thread_group(4, [&](Communicator& comm) {
+    comm::agree(comm, "checking", [] {});
+    try {
+      comm::agree(comm, "checking the files", [&] {
+        GRADSYNC_CHECK(comm.rank() != 1 && comm.rank() != 3, "file", comm.rank(), " is damaged");
+      });
+    } catch (const Error& error) {
+      messages[static_cast<std::size_t>(comm.rank())] = error.what();
+    }
+    EXPECT_GRADSYNC_ERROR(comm::agree(comm, "long", comm.rank() == 2 ? std::string(10000, 'x') : std::string()),
+                          "long: rank 2: xxxx", "...");
+  });
+  for (const std::string& message : messages) {
+    EXPECT_EQ(message, "checking the files: rank 1: file1 is damaged (rank 3 failed too)");
+  }
 }
 
 TEST(Gloo, FileStoreRendezvous) {

@@ -1,17 +1,24 @@
 // ZeRO on Gloo ranks-as-threads, 2-4 ranks (dist/zero.h, docs/zero.md): stage 1 and 2 against
 // unsharded DataParallel for SGD, Adam and AdamW, every sync strategy that applies, with and
 // without find_unused_parameters, mixed precision and clipping; the errors.
+#include <chrono>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "expectations.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/join.h"
 #include "gradsync/dist/zero.h"
+#include "gradsync/io/checksum.h"
 #include "gradsync/io/registry_checkpoint.h"
+#include "gradsync/io/safetensors.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/sgd.h"
@@ -260,6 +267,186 @@ TEST(ZeroCheckpoint, ShardedSetsResumeAndReshard) {
       });
   testing::expect_near_vectors("resumed on 4 ranks", same_world, straight, 1e-6);
   testing::expect_near_vectors("resharded onto 2 ranks", resharded, straight, 1e-5);
+}
+
+// ---- Damaged sharded sets --------------------------------------------------------------------
+// Each way of damaging a set found by probing it as a user with a bad disk (or a careless copy)
+// would: every rank raises the same error, naming the file and the reason, within a second, and
+// nothing is loaded.
+
+using json = nlohmann::json;
+
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// Rewrites a piece with `change` applied to its metadata, and records its new size and checksum
+// in the manifest, so that what is checked is the metadata, not the bytes.
+void rewrite_piece(const std::filesystem::path& sets, int rank, const std::function<void(io::Metadata&)>& change) {
+  json manifest = read_json(sets / "manifest.json");
+  const auto path = sets / manifest["set"].get<std::string>() / ("rank" + std::to_string(rank) + ".safetensors");
+  const io::SafetensorsReader piece(path);
+  io::Metadata metadata = piece.metadata();
+  change(metadata);
+  io::save_safetensors(path, piece.read_all(), metadata);
+  const io::FileChecksum checksum = io::checksum_file(path);
+  manifest["pieces"][static_cast<std::size_t>(rank)]["bytes"] = checksum.bytes;
+  manifest["pieces"][static_cast<std::size_t>(rank)]["xxh64"] = io::hex_digest(checksum.xxh64);
+  write_text(sets / "manifest.json", manifest.dump());
+}
+
+struct DamageCase {
+  const char* label;
+  bool reshard;
+  std::function<void(const std::filesystem::path& sets, const std::filesystem::path& older)> damage;
+  std::vector<std::string> expected;  // in the one message every rank raises
+};
+
+TEST(ZeroCheckpoint, DamagedSetsNeverLoadAndEveryRankSaysWhy) {
+  testing::TempDir folder;
+  const auto save = [&](const std::filesystem::path& sets, int steps) {
+    comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+      testing::ShardModel model(DType::f32);
+      auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
+      dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+      dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
+      train_global(comm, model, ddp, [&] { zero.step(); zero.zero_grad(); }, 0, steps);
+      zero.save_sharded(sets);
+    });
+  };
+  const auto good = folder / "good";
+  const auto older = folder / "older";
+  save(older, 3);
+  save(good, 5);
+  const auto set_of = [](const std::filesystem::path& sets) {
+    return sets / read_json(sets / "manifest.json")["set"].get<std::string>();
+  };
+  const auto set_manifest = [](const char* key, json value) {
+    return [key, value](const std::filesystem::path& sets, const std::filesystem::path&) {
+      json manifest = read_json(sets / "manifest.json");
+      manifest[key] = value;
+      write_text(sets / "manifest.json", manifest.dump());
+    };
+  };
+  const std::vector<DamageCase> cases{
+      {"world 0", true, set_manifest("world", 0), {"manifest.json: world is 0, not an integer from 1 to 1048576"}},
+      {"world -1", true, set_manifest("world", -1), {"manifest.json: world is -1"}},
+      {"world 2^32 + 2, which an int would read as 2", true, set_manifest("world", 4294967298ULL),
+       {"manifest.json: world is 4294967298"}},
+      {"world 1 for a set saved by 2", true, set_manifest("world", 1), {"manifest.json: 2 pieces for a world of 1"}},
+      {"world 1 and one piece listed", true,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         json manifest = read_json(sets / "manifest.json");
+         manifest["world"] = 1;
+         manifest["pieces"].erase(1);
+         write_text(sets / "manifest.json", manifest.dump());
+       },
+       {"rank0.safetensors was saved by 2 rank(s), the manifest says 1"}},
+      {"a piece copied from an older set", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path& from) {
+         std::filesystem::copy_file(set_of(from) / "rank1.safetensors", set_of(sets) / "rank1.safetensors",
+                                    std::filesystem::copy_options::overwrite_existing);
+       },
+       {"rank1.safetensors belongs to set", "not to", "a piece of another save"}},
+      {"a missing piece", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         std::filesystem::remove(set_of(sets) / "rank1.safetensors");
+       },
+       {"rank 1: ", "rank1.safetensors"}},
+      {"a truncated piece", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         const auto path = set_of(sets) / "rank1.safetensors";
+         std::filesystem::resize_file(path, std::filesystem::file_size(path) - 12);
+       },
+       {"rank 1: ", "rank1.safetensors"}},
+      {"flipped data bytes", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         const auto path = set_of(sets) / "rank0.safetensors";
+         std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+         file.seekg(-5, std::ios::end);
+         const char byte = static_cast<char>(file.get());
+         file.seekp(-5, std::ios::end);
+         file.put(static_cast<char>(byte ^ 0x40));
+       },
+       {"rank 0: ", "rank0.safetensors: XXH64", "the file is damaged"}},
+      {"a rank that is not a number", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         rewrite_piece(sets, 1, [](io::Metadata& metadata) { metadata["zero.rank"] = "one"; });
+       },
+       {"rank1.safetensors: 'zero.rank' is 'one', not an integer"}},
+      {"ranges that are not numbers", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         rewrite_piece(sets, 0, [](io::Metadata& metadata) { metadata["zero.ranges"] = R"([[0, "2", 9]])"; });
+       },
+       {"rank0.safetensors: range [0, \"2\", 9]: begin is \"2\", not an integer"}},
+      {"ranges past the arena", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         rewrite_piece(sets, 1, [](io::Metadata& metadata) { metadata["zero.ranges"] = "[[0, 0, 100000000]]"; });
+       },
+       {"rank1.safetensors: range [0, 0, 100000000]: end is 100000000"}},
+      {"a manifest that is not JSON", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) { write_text(sets / "manifest.json", "{\"set\":"); },
+       {"manifest.json is not a JSON object"}},
+      {"a manifest from before checksums", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         write_text(sets / "manifest.json", json({{"set", "set-0"}, {"world", 2}, {"stage", 1}}).dump());
+       },
+       {"manifest.json has no \"format\""}},
+      {"a checksum that is not one", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         json manifest = read_json(sets / "manifest.json");
+         manifest["pieces"][1]["xxh64"] = 12;
+         write_text(sets / "manifest.json", manifest.dump());
+       },
+       {"manifest.json: pieces[1]: xxh64 12 is not 16 lowercase hex digits"}},
+  };
+  for (const DamageCase& damaged : cases) {
+    SCOPED_TRACE(damaged.label);
+    const auto sets = folder / "damaged";
+    std::filesystem::remove_all(sets);
+    std::filesystem::copy(good, sets, std::filesystem::copy_options::recursive);
+    damaged.damage(sets, older);
+    std::vector<std::string> messages(2);
+    std::vector<double> seconds(2);
+    comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+      testing::ShardModel model(DType::f32);
+      auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
+      dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+      dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        zero.load_sharded(sets, damaged.reshard);
+      } catch (const Error& error) {
+        messages[static_cast<std::size_t>(comm.rank())] = error.what();
+      }
+      seconds[static_cast<std::size_t>(comm.rank())] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      for (const Parameter* parameter : model.parameters) {
+        EXPECT_EQ(adam->step_count(*parameter), 0) << "rank " << comm.rank() << ": '" << parameter->name() << "' loaded";
+      }
+    });
+    EXPECT_FALSE(messages[0].empty()) << "the damaged set loaded";
+    EXPECT_EQ(messages[0], messages[1]) << "every rank raises the same error";
+    for (const std::string& part : damaged.expected) {
+      EXPECT_NE(messages[0].find(part), std::string::npos) << "'" << part << "' is not in: " << messages[0];
+    }
+    EXPECT_NE(messages[0].find(sets.string()), std::string::npos) << messages[0];
+    for (const double taken : seconds) EXPECT_LT(taken, 1.0) << messages[0];
+  }
+  // And the undamaged set loads.
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    testing::ShardModel model(DType::f32);
+    auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
+    dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
+    dist::ZeroOptimizer zero(*adam, ddp, {.stage = 1});
+    zero.load_sharded(good);
+    EXPECT_EQ(adam->step_count(*model.parameters[0]), 5);
+  });
 }
 
 // A failed consolidated save is an error on every rank and leaves the previous file intact.

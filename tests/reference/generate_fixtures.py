@@ -15,6 +15,9 @@ Fixtures written:
   reference_tensors.safetensors
                           tensors of every dtype written by safetensors.torch.save_file,
                           with values given by a formula the C++ test recomputes.
+  torch_dtypes.safetensors
+                          f32 weights beside the dtypes PyTorch writes and gradsync does not
+                          compute with (bool, uint8, int8, int16, float8): the file must open.
 """
 import argparse
 import os
@@ -120,10 +123,25 @@ def reference_tensors():
               metadata={"writer": "safetensors.torch.save_file", "purpose": "gradsync interop fixture"})
 
 
+def torch_dtypes():
+    tensors = {
+        "weight": torch.arange(6, dtype=torch.float32).reshape(2, 3) * 0.5,
+        "mask": torch.tensor([[True, False, True], [False, False, True]]),
+        "tokens": torch.arange(5, dtype=torch.uint8),
+        "offsets": torch.tensor([-3, 0, 7], dtype=torch.int8),
+        "positions": torch.tensor([1, 300, -2], dtype=torch.int16),
+        "bias": torch.tensor([0.25, -1.5], dtype=torch.float16),
+    }
+    if hasattr(torch, "float8_e4m3fn"):
+        tensors["scales"] = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float8_e4m3fn)
+    save_file(tensors, os.path.join(OUT, "torch_dtypes.safetensors"), metadata={"writer": "safetensors.torch.save_file"})
+
+
 if __name__ == "__main__":
     # Only as a program: check_interop.py imports reference_value from here.
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     os.makedirs(OUT, exist_ok=True)
     casts()
     reference_tensors()
+    torch_dtypes()
     print("fixtures written to", os.path.normpath(OUT))

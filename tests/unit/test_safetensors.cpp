@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "gradsync/io/checksum.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/kernels/ops.h"
 #include "test_util.h"
@@ -77,7 +78,7 @@ TEST(Safetensors, RoundTripEveryDTypeAndShape) {
   std::uint64_t header_length = 0;
   std::memcpy(&header_length, bytes.data(), 8);
   EXPECT_EQ(header_length % 8, 0u);
-  for (const io::TensorInfo& info : reader.tensors()) EXPECT_EQ(info.data_begin % dtype_size(info.dtype), 0u);
+  for (const io::TensorInfo& info : reader.tensors()) EXPECT_EQ(info.data_begin % dtype_size(info.dtype.value()), 0u);
   EXPECT_GRADSYNC_ERROR(reader.read("missing"), "no tensor named 'missing'");
 }
 
@@ -103,6 +104,35 @@ TEST(Safetensors, FileWrittenByTheReferenceLibraryLoads) {
   EXPECT_EQ(checked, reader.tensors().size());
 }
 
+// PyTorch writes bool masks, bytes and float8 scales next to the weights: the file opens, the
+// tensors gradsync handles read, and only reading one it does not is an error naming it.
+TEST(Safetensors, AFileWithDTypesGradsyncDoesNotHandleStillOpens) {
+  const io::SafetensorsReader reader(testing::fixture_path("torch_dtypes.safetensors"));
+  EXPECT_EQ(reader.read("weight").to_double_vector(), (std::vector<double>{0, 0.5, 1, 1.5, 2, 2.5}));
+  EXPECT_EQ(reader.read("bias").to_double_vector(), (std::vector<double>{0.25, -1.5}));
+  const io::TensorInfo* mask = reader.find("mask");
+  ASSERT_NE(mask, nullptr);
+  EXPECT_FALSE(mask->dtype.has_value());
+  EXPECT_EQ(mask->stored_dtype, "BOOL");
+  EXPECT_EQ(mask->shape, (Shape{2, 3}));
+  EXPECT_GRADSYNC_ERROR(reader.read("mask"), "tensor 'mask' is BOOL", "does not handle", "torch_dtypes.safetensors");
+  EXPECT_GRADSYNC_ERROR(reader.read_all(), "is ", "does not handle");
+  for (const char* name : {"tokens", "offsets", "positions"}) EXPECT_FALSE(reader.find(name)->dtype.has_value()) << name;
+
+  // A registry of the weights loads from it; the other tensors are extra, and named as such.
+  ParameterRegistry registry;
+  registry.add("weight", {2, 3}, DType::f32);
+  registry.finalize();
+  io::load_registry(registry, testing::fixture_path("torch_dtypes.safetensors"), {.allow_extra_tensors = true});
+  EXPECT_EQ(registry.at("weight").value().to_double_vector(), (std::vector<double>{0, 0.5, 1, 1.5, 2, 2.5}));
+  ParameterRegistry wrong;
+  wrong.add("mask", {2, 3}, DType::f32);
+  wrong.finalize();
+  EXPECT_GRADSYNC_ERROR(io::load_registry(wrong, testing::fixture_path("torch_dtypes.safetensors"),
+                                          {.allow_extra_tensors = true, .convert_dtypes = true}),
+                        "'mask' has dtype BOOL in the file, f32 registered");
+}
+
 struct CorruptCase {
   const char* label;
   std::string bytes;
@@ -121,7 +151,12 @@ TEST(Safetensors, CorruptFilesAreRejectedWithClearErrors) {
       {"header cut short", make_file("{" + good_entry + "}", 8).substr(0, 20), "runs past the end"},
       {"bad JSON", make_file("{\"t\": [", 0), "not valid JSON"},
       {"JSON that is not an object", make_file("[1,2]", 0), "not an object"},
-      {"unknown dtype", make_file(R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2), "'U8'"},
+      {"unknown dtype", make_file(R"({"t":{"dtype":"U7","shape":[2],"data_offsets":[0,2]}})", 2),
+       "dtype '\"U7\"' is not one the safetensors format defines"},
+      {"a format dtype whose size disagrees", make_file(R"({"t":{"dtype":"BOOL","shape":[3],"data_offsets":[0,2]}})", 2),
+       "shape [3] of BOOL needs 3 elements"},
+      {"packed 4-bit elements ending mid-byte", make_file(R"({"t":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2),
+       "of F4 needs 3 elements"},
       {"dtype not a string", make_file(R"({"t":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", 8), "dtype"},
       {"missing data_offsets", make_file(R"({"t":{"dtype":"F32","shape":[2]}})", 8), "data_offsets"},
       {"extra field", make_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8), "fields other"},
@@ -257,6 +292,36 @@ TEST(Safetensors, ASaveRemovesTemporariesThatAKilledSaveLeftBehind) {
   EXPECT_TRUE(fs::exists(live));
   EXPECT_TRUE(fs::exists(other));
   EXPECT_TRUE(fs::exists(path));
+}
+
+// XXH64 against the reference implementation (python-xxhash 3.x, which wraps libxxhash) on
+// lengths that take every path: empty, the 1-, 4- and 8-byte tails, one stripe less one, one,
+// and more, with and without a seed; streaming in uneven pieces gives the one-shot digest.
+TEST(Checksum, Xxh64MatchesTheReferenceImplementation) {
+  std::vector<unsigned char> data(1000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>((i * 7 + 3) % 256);
+  const std::vector<std::pair<std::size_t, std::uint64_t>> expected{
+      {0, 0xef46db3751d8e999}, {1, 0x1f25c8d0bc1f4bb6},  {3, 0x31d2363f52e564c9},   {4, 0x9bb64b7d66ee9fda},
+      {8, 0xdab99d95c6f90092}, {31, 0xa2aa5f33cc4a6119}, {32, 0x23c3c17ef790fd97},  {33, 0x50a7cfc7ba588784},
+      {63, 0x5e3e54b431c7493c}, {64, 0x0eb64b3ef6eeb01f}, {100, 0xa61f8d4c170fe531}, {1000, 0x5f235fa033f1a3fb}};
+  for (const auto& [size, digest] : expected) {
+    EXPECT_EQ(io::xxh64(data.data(), size), digest) << size << " bytes";
+    io::Xxh64 streamed;
+    for (std::size_t at = 0, piece = 1; at < size; at += piece, piece = piece * 3 % 41 + 1) {
+      streamed.update(data.data() + at, std::min(piece, size - at));
+    }
+    EXPECT_EQ(streamed.digest(), digest) << size << " bytes, streamed";
+  }
+  EXPECT_EQ(io::xxh64(data.data(), 100, 2654435761u), 0x86f549ede5ac87e2u);
+  EXPECT_EQ(io::xxh64("abc", 3), 0x44bc2cf5ad770999u);
+  EXPECT_EQ(io::hex_digest(0x0eb64b3ef6eeb01f), "0eb64b3ef6eeb01f");
+
+  TempDir folder;
+  write_bytes(folder / "data", std::string(reinterpret_cast<const char*>(data.data()), data.size()));
+  const io::FileChecksum file = io::checksum_file(folder / "data");
+  EXPECT_EQ(file.bytes, 1000u);
+  EXPECT_EQ(file.xxh64, 0x5f235fa033f1a3fbu);
+  EXPECT_GRADSYNC_ERROR(io::checksum_file(folder / "absent"), "cannot open", "absent");
 }
 
 TEST(Safetensors, FindsEveryTensorOfALargeFileByName) {

@@ -15,10 +15,14 @@
 // or hostile file with an Error naming the file and the problem: truncated files, a header
 // length past the end, bad JSON, unknown dtypes, shape/size mismatches, offsets out of
 // range, overlapping or leaving holes (the reference library rejects holes too).
+// A tensor of a dtype the format defines but gradsync does not compute with (BOOL, U8,
+// F8_E4M3..., which PyTorch writes next to the weights) is listed with no DType: the file
+// opens, the other tensors read, and only reading that one is an error naming it.
 #pragma once
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <string_view>
@@ -41,10 +45,14 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<Named
 
 struct TensorInfo {
   std::string name;
-  DType dtype;
+  std::optional<DType> dtype;  // empty: a format dtype gradsync does not handle (see stored_dtype)
   Shape shape;
   std::size_t data_begin;  // byte offsets relative to the start of the data section
   std::size_t data_end;
+  std::string stored_dtype;  // the file's name for it: "F32", "BOOL", ...
+
+  // For messages: gradsync's name ("f32") when it has one, else the file's ("BOOL").
+  std::string dtype_label() const;
 };
 
 // Opens a file and validates its header. Tensor data is read on demand.
@@ -57,7 +65,8 @@ class SafetensorsReader {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
   const TensorInfo* find(std::string_view name) const;
 
-  // Reads one tensor into a new CPU tensor; throws naming it if absent.
+  // Reads one tensor into a new CPU tensor; throws naming it if absent or of a dtype gradsync
+  // does not handle.
   Tensor read(std::string_view name) const;
   // Reads every tensor.
   std::vector<NamedTensor> read_all() const;
@@ -66,6 +75,8 @@ class SafetensorsReader {
   static constexpr std::size_t kMaxHeaderBytes = 100'000'000;
 
  private:
+  Tensor read_tensor(int file, const TensorInfo& info) const;
+
   std::filesystem::path path_;
   std::size_t data_start_ = 0;  // 8 + header length
   Metadata metadata_;

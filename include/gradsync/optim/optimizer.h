@@ -180,6 +180,10 @@ class Optimizer {
   // The same from memory (state_tensors() and state_metadata() of another optimizer, e.g.
   // received over a communicator); `origin` names them in errors.
   void load_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata, const std::string& origin);
+  // Throws what load_state(tensors, metadata, origin) would, and changes nothing: lets several
+  // ranks agree that every one of them can load before any does (ZeRO's sharded sets).
+  void check_state(const std::vector<io::NamedTensor>& tensors, const io::Metadata& metadata,
+                   const std::string& origin) const;
 
  protected:
   // One contiguous run of elements of one arena, to update with one group's hyperparameters.
@@ -239,6 +243,8 @@ class Optimizer {
   // commit (optimizer_checkpoint.cpp).
   void load_state_from(const std::string& where, const io::Metadata& metadata, const std::vector<io::TensorInfo>& tensors,
                        const std::function<Tensor(const std::string&)>& read);
+  LoadPlan plan_load(const std::string& where, const io::Metadata& metadata,
+                     const std::vector<io::TensorInfo>& tensors) const;
   void check_groups(const std::string& where, const io::Metadata& metadata, LoadPlan& plan) const;
   void check_steps(const std::string& where, const io::Metadata& metadata, LoadPlan& plan) const;
   void check_tensors(const std::vector<io::TensorInfo>& tensors, LoadPlan& plan) const;
