@@ -107,7 +107,8 @@ int main(int argc, char** argv) try {
                 training->comm->size(), training->comm->backend(), training->device.str().c_str(),
                 training->split.train.size(), training->split.heldout.size(), options.optimizer.c_str(),
                 options.precision.c_str(),
-                static_cast<long long>(options.batch), training->comm->size(), static_cast<long long>(options.passes),
+                static_cast<long long>(training->local_batch * training->comm->size()), training->comm->size(),
+                static_cast<long long>(options.passes),
                 static_cast<long long>(training->micro), dist::sync_strategy_name(strategy));
     if (zero) {
       std::int64_t owned = 0;

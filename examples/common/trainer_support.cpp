@@ -60,6 +60,8 @@ double Flags::number(const std::string& name, double fallback) {
   }
 }
 
+bool Flags::given(const std::string& name) const { return values_.count(name) > 0 || switches_.count(name) > 0; }
+
 bool Flags::flag(const std::string& name) {
   known_.insert(name);
   GRADSYNC_CHECK(!values_.count(name), "flag ", name, " takes no value");
@@ -285,6 +287,8 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.momentum = flags.number("--momentum", 0.9);
   o.epochs = static_cast<int>(flags.integer("--epochs", 20));
   o.batch = flags.integer("--batch", 64);
+  o.batch_given = flags.given("--batch");
+  GRADSYNC_CHECK(o.batch > 0, "--batch ", o.batch, " must be positive");
   o.hidden = flags.integer("--hidden", 64);
   o.seed = static_cast<std::uint64_t>(flags.integer("--seed", 1));
   o.data = flags.text("--data", default_data_path());
@@ -325,13 +329,23 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);
   t->split = split_dataset(t->data, options.holdout, options.seed, options.shuffle);
-  GRADSYNC_CHECK(options.batch % (world * options.passes) == 0, "--batch ", options.batch, " must divide into ", world,
-                 " ranks x ", options.passes, " passes");
-  t->local_batch = options.batch / world;
+  // The global batch is split evenly over ranks and passes. A --batch that does not split is an
+  // error (a resumed run must keep its global batch); the default is rounded down to one that
+  // does, saying so, so that the trainers run on any number of ranks as they are.
+  const std::int64_t unit = world * options.passes;
+  GRADSYNC_CHECK(options.batch % unit == 0 || !options.batch_given, "--batch ", options.batch, " must divide into ",
+                 world, " ranks x ", options.passes, " passes");
+  const std::int64_t batch = std::max(unit, options.batch / unit * unit);
+  if (batch != options.batch && t->comm->rank() == 0 && !options.quiet) {
+    std::printf("note: the default global batch %lld is %lld here (%d ranks x %lld passes x %lld); --batch sets it\n",
+                static_cast<long long>(options.batch), static_cast<long long>(batch), world,
+                static_cast<long long>(options.passes), static_cast<long long>(batch / unit));
+  }
+  t->local_batch = batch / world;
   t->micro = t->local_batch / options.passes;
   t->shard = shard(t->split.train, t->comm->rank(), world);
   t->steps_per_epoch = static_cast<std::int64_t>(t->split.train.size()) / world / t->local_batch;
-  GRADSYNC_CHECK(t->steps_per_epoch > 0, "a global batch of ", options.batch, " is larger than the training set (",
+  GRADSYNC_CHECK(t->steps_per_epoch > 0, "a global batch of ", batch, " is larger than the training set (",
                  t->split.train.size(), " samples)");
   // Mixed precision: 16-bit weights and gradients (what is stored and communicated), f32 master
   // weights in the optimizer; fp16's narrow exponent range also needs loss scaling.

@@ -29,6 +29,7 @@ class Flags {
   std::int64_t integer(const std::string& name, std::int64_t fallback);
   double number(const std::string& name, double fallback);
   bool flag(const std::string& name);  // a switch without value
+  bool given(const std::string& name) const;  // on the command line (not its fallback)
   void finish() const;                 // throws naming unknown flags
 
  private:
@@ -138,6 +139,7 @@ struct TrainerOptions {
   std::int64_t batch = 0, hidden = 0, max_steps = -1, passes = 1;
   std::uint64_t seed = 1;
   bool shuffle = true, check_replicas = false, quiet = false;
+  bool batch_given = false;  // --batch on the command line: it must divide; the default is rounded
   bool uneven = false;  // --uneven: rank r trains on (2W - r) / 2W of its shard each epoch, then joins
 };
 // `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
-# CASE is one of: smoke_digits smoke_horovod smoke_engine accuracy strategies resume interop
+# CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks accuracy strategies resume interop
 # mixed_precision clip_norm timeline uneven zero.
 set -euo pipefail
 case_name=$1
@@ -33,6 +33,16 @@ case $case_name in
     loss_went_down "$scratch/m.jsonl" ;;
   smoke_engine)  # the low-level API, converging to the generating model
     "${mpirun[@]}" "$examples/bring_your_own_engine" --epochs 40 ;;
+  three_ranks)  # the defaults run on a world that 64 does not divide; an explicit --batch must divide
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$examples/digits_ddp" --max-steps 4 --check-replicas | tee "$scratch/out"
+    grep -q "the default global batch 64 is 63 here" "$scratch/out"
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$examples/horovod_style" --max-steps 4 --check-replicas --quiet
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$examples/bring_your_own_engine" --epochs 2
+    if mpirun --allow-run-as-root --oversubscribe -np 3 "$examples/digits_ddp" --max-steps 4 --batch 64 \
+        >"$scratch/refused" 2>&1; then
+      echo "--batch 64 on 3 ranks was accepted"; exit 1
+    fi
+    grep -q -- "--batch 64 must divide into 3 ranks x 1 passes" "$scratch/refused" ;;
   accuracy)  # the target: at least 95% held-out accuracy, fixed seed
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --min-accuracy 0.95 --quiet ;;
   strategies)  # same final weights: bitwise across ranks (--check-replicas), within tolerance across strategies
