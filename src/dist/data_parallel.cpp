@@ -230,6 +230,7 @@ bool DataParallel::in_backward() const { return impl_->in_backward; }
 bool DataParallel::sync_enabled() const { return impl_->no_sync_depth == 0; }
 
 void DataParallel::synchronize_all() {
+  impl_->reducer->require_usable("DataParallel::synchronize_all");
   GRADSYNC_CHECK(!impl_->in_backward, "DataParallel::synchronize_all inside a backward: call end_backward() first");
   impl_->finalize(/*tolerate_missing=*/true);
 }
@@ -243,6 +244,7 @@ const DataParallelOptions& DataParallel::options() const { return impl_->options
 SyncState& DataParallel::sync_state() { return impl_->sync; }
 
 void DataParallel::register_comm_hook(ReduceHook hook) {
+  impl_->reducer->require_usable("DataParallel::register_comm_hook");
   GRADSYNC_CHECK(!impl_->hook_registered, "register_comm_hook can only be called once.");
   // Compression is PyTorch's fp16/bf16 compress hook: it counts as the one hook.
   GRADSYNC_CHECK(impl_->options.compression == Compression::none,
@@ -266,6 +268,7 @@ void DataParallel::join_opened(const JoinOptions* options) {
 }
 
 void DataParallel::require_joinable() const {
+  impl_->reducer->require_usable("Join::join");
   GRADSYNC_CHECK(!impl_->in_backward, "Join::join inside a backward: call end_backward() first");
   GRADSYNC_CHECK(!impl_->sync.auto_window_open(), "Join::join inside a ddp_sync_context window: close the window first");
   GRADSYNC_CHECK(!impl_->reducer->round_started(), "Join::join with a synchronized step half launched");

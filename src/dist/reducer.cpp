@@ -65,7 +65,7 @@ struct Reducer::Impl {
       : registry(registry_), own_comm(comm_.size() > 1 ? comm_.duplicate() : nullptr),
         comm(own_comm ? *own_comm : comm_), options(std::move(options_)) {}
 
-  void require_usable(const char* what) const {
+  void require_usable(const std::string& what) const {
     GRADSYNC_CHECK(broken.empty(), what, ": this Reducer is broken by an earlier failure and can no longer ",
                    "reduce (the ranks' rounds are out of step); the failure was: ", broken);
   }
@@ -383,6 +383,7 @@ void Reducer::wait() {
 
 bool Reducer::broken() const { return !impl_->broken.empty(); }
 const std::string& Reducer::broken_reason() const { return impl_->broken; }
+void Reducer::require_usable(const std::string& what) const { impl_->require_usable(what); }
 comm::Communicator& Reducer::communicator() const { return impl_->comm; }
 
 bool Reducer::contains(const Parameter& parameter) const {
@@ -400,10 +401,12 @@ const BucketInfo& Reducer::bucket(std::size_t index) const {
 std::size_t Reducer::bucket_of(const Parameter& parameter) const { return impl_->slot(parameter, "Reducer::bucket_of").first; }
 const ReducerOptions& Reducer::options() const { return impl_->options; }
 void Reducer::set_scales(double prescale, double postscale) {
+  impl_->require_usable("Reducer::set_scales");
   impl_->options.prescale = prescale;
   impl_->options.postscale = postscale;
 }
 void Reducer::set_hook(ReduceHook hook) {
+  impl_->require_usable("Reducer::set_hook");
   GRADSYNC_CHECK(!impl_->started, "Reducer::set_hook during a round");
   GRADSYNC_CHECK(!impl_->options.reduce_scatter, "Reducer::set_hook: this Reducer reduce-scatters its buckets (ZeRO ",
                  "stage 2); a hook reduces the whole bucket and does not combine with it");

@@ -187,6 +187,9 @@ TEST(ReducerFailure, AThrowingLaunchBreaksTheReducerInsteadOfCrashingTheNextWait
     EXPECT_GRADSYNC_ERROR(reducer.wait(), "Reducer::wait", "broken by an earlier failure", "hook refuses bucket 1");
     EXPECT_GRADSYNC_ERROR(reducer.finish(), "broken by an earlier failure", "hook refuses bucket 1");
     EXPECT_GRADSYNC_ERROR(reducer.ready(*model.first), "broken by an earlier failure");
+    // Every refusal names the failure, not a consequence of it ("during a round").
+    EXPECT_GRADSYNC_ERROR(reducer.set_hook({}), "Reducer::set_hook", "broken by an earlier failure", "hook refuses bucket 1");
+    EXPECT_GRADSYNC_ERROR(reducer.set_scales(1.0, 1.0), "Reducer::set_scales", "hook refuses bucket 1");
   });
   comm::run_gloo_thread_group(1, [](Communicator& comm) {
     TwoBuckets model;
@@ -295,6 +298,11 @@ TEST(DataParallelFailure, AFailedReductionWaitsForTheStatusAllreduceAndBreaks) {
     EXPECT_GRADSYNC_ERROR(ddp.end_backward(), "the test's reduction failed");
     ddp.begin_backward();
     EXPECT_GRADSYNC_ERROR(registry.mark_ready(w), "broken by an earlier failure", "the test's reduction failed");
+    EXPECT_GRADSYNC_ERROR(ddp.end_backward(), "broken by an earlier failure", "the test's reduction failed");
+    EXPECT_GRADSYNC_ERROR(ddp.synchronize_all(), "DataParallel::synchronize_all", "the test's reduction failed");
+    EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator&, Tensor&, const dist::BucketInfo&) { return comm::WorkHandle{}; }),
+                          "DataParallel::register_comm_hook", "the test's reduction failed");
+    EXPECT_GRADSYNC_ERROR(dist::Join({&ddp}), "Join::join", "the test's reduction failed");
   });
 }
 

@@ -141,6 +141,9 @@ class Reducer {
   bool all_launched() const;
   bool broken() const;
   const std::string& broken_reason() const;  // empty while usable
+  // Throws, naming `what` and the failure that broke this Reducer, when it is broken: what every
+  // refusal of a broken Reducer (and of the front ends over it) says.
+  void require_usable(const std::string& what) const;
   // The communicator the buckets travel on (this Reducer's duplicate; hooks receive it too).
   comm::Communicator& communicator() const;
 
