@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <chrono>
+#include <thread>
 
 #include "gradsync/comm/connect.h"
 #include "gradsync/core/timeline.h"
@@ -240,6 +241,17 @@ void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm) 
   std::fflush(file_);
 }
 
+void Metrics::stragglers(std::int64_t step, const comm::StragglerReport& report) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"stragglers\": {\"steps\": %lld, \"slowest\": %d, \"waited_ms_per_step\": %.3f, "
+               "\"max_waited_ms_per_step\": %.3f, \"wire_ms\": [", static_cast<long long>(step),
+               static_cast<long long>(report.steps), report.slowest, report.waited_ms_per_step,
+               report.worst_waited_ms_per_step);
+  for (std::size_t r = 0; r < report.wire_ms.size(); ++r) std::fprintf(file_, "%s%.3f", r ? ", " : "", report.wire_ms[r]);
+  std::fprintf(file_, "]}}\n");
+  std::fflush(file_);
+}
+
 void Metrics::epoch(std::int64_t step, int epoch, double loss, double accuracy) {
   if (file_ == nullptr) return;
   std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.6f, \"accuracy\": %.6f}\n",
@@ -272,6 +284,7 @@ const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu
   --data FILE (images f32 [N, D], labels i64 [N]; default: the digits)   --input-scale S (digits: 1/16)
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
   --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet
+  --stragglers N (every N steps: the rank the others waited for, from the flight records)   --delay-rank R:MS
   --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs))";
 
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
@@ -300,12 +313,27 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.resume = flags.text("--resume", "");
   o.max_steps = flags.integer("--max-steps", -1);
   o.metrics = flags.text("--metrics", "");
+  o.stragglers = flags.integer("--stragglers", 0);
+  GRADSYNC_CHECK(o.stragglers >= 0, "--stragglers ", o.stragglers, " must not be negative");
+  const std::string delay = flags.text("--delay-rank", "");
+  if (!delay.empty()) {
+    const std::size_t colon = delay.find(':');
+    try {
+      GRADSYNC_CHECK(colon != std::string::npos, "");
+      o.delay_rank = std::stoi(delay.substr(0, colon));
+      o.delay_ms = std::stoi(delay.substr(colon + 1));
+    } catch (const std::exception&) {
+      detail::throw_error("--delay-rank wants RANK:MILLISECONDS, got '", delay, "'");
+    }
+  }
   o.min_accuracy = flags.number("--min-accuracy", -1);
   o.check_replicas = flags.flag("--check-replicas");
   o.quiet = flags.flag("--quiet");
   o.uneven = flags.flag("--uneven");
   GRADSYNC_CHECK(!(o.uneven && o.max_steps >= 0), "--uneven does not combine with --max-steps: ranks with different ",
                  "numbers of steps would stop in different epochs (use --epochs)");
+  GRADSYNC_CHECK(!(o.uneven && o.stragglers > 0), "--uneven does not combine with --stragglers: its summary is a ",
+                 "collective every N steps, and ranks with uneven inputs take different numbers of steps");
   o.precision = flags.text("--precision", "f32");
   GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
                  ": expected f32, bf16 or fp16");
@@ -397,6 +425,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   comm::Communicator& comm = *t.comm;
   const int rank = comm.rank();
   Metrics metrics(options.metrics, rank == 0);
+  comm::StragglerMonitor stragglers(comm);
   const auto start = Clock::now();
   bool stopped = false;
   double accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
@@ -410,11 +439,20 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     if (options.uneven && uneven.enter) uneven.enter();
     const std::int64_t my_steps = steps_this_epoch(options, t.steps_per_epoch, rank, comm.size());
     for (std::int64_t s = t.progress.step_in_epoch; s < my_steps; ++s) {
+      if (rank == options.delay_rank) std::this_thread::sleep_for(std::chrono::milliseconds(options.delay_ms));
       const double loss = step(order, s * t.local_batch);
       loss_sum += loss * static_cast<double>(t.local_batch);
       samples += t.local_batch;
       t.progress = {epoch, s + 1, t.progress.global_step + 1};
       metrics.step(t.progress.global_step, epoch + 1, loss, t.last_grad_norm);
+      stragglers.step();
+      if (options.stragglers > 0 && t.progress.global_step % options.stragglers == 0) {
+        const comm::StragglerReport report = stragglers.collect();  // collective: the same step everywhere
+        metrics.stragglers(t.progress.global_step, report);
+        if (rank == 0 && !options.quiet) {
+          std::printf("step %lld: %s\n", static_cast<long long>(t.progress.global_step), report.line().c_str());
+        }
+      }
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
         break;

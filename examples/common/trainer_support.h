@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/comm/flight_recorder.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"
@@ -119,6 +120,7 @@ class Metrics {
   // grad_norm: the total gradient norm before clipping, written when it is a number.
   void step(std::int64_t step, int epoch, double loss, double grad_norm);
   void epoch(std::int64_t step, int epoch, double loss, double accuracy);
+  void stragglers(std::int64_t step, const comm::StragglerReport& report);
 
  private:
   std::FILE* file_ = nullptr;
@@ -140,6 +142,9 @@ struct TrainerOptions {
   std::uint64_t seed = 1;
   bool shuffle = true, check_replicas = false, quiet = false;
   bool batch_given = false;  // --batch on the command line: it must divide; the default is rounded
+  std::int64_t stragglers = 0;  // --stragglers N: name the slowest rank every N steps (0: off)
+  int delay_rank = -1;          // --delay-rank R:MS: slow rank R by MS per step (to see --stragglers name it)
+  int delay_ms = 0;
   bool uneven = false;  // --uneven: rank r trains on (2W - r) / 2W of its shard each epoch, then joins
 };
 // `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").

@@ -18,8 +18,8 @@ namespace {
 
 class CpuCommunicator final : public Communicator {
  public:
-  CpuCommunicator(std::unique_ptr<Backend> backend, const CommOptions& options)
-      : engine_(std::make_shared<Engine>(std::move(backend), options)) {
+  CpuCommunicator(std::unique_ptr<Backend> backend, const CommOptions& options, const std::string& name)
+      : engine_(std::make_shared<Engine>(std::move(backend), options, name)) {
     engine_->start();
   }
 
@@ -37,7 +37,7 @@ class CpuCommunicator final : public Communicator {
     Backend& backend = engine_->backend();
     submit(Descriptor::of(OpKind::duplicate, DType::i64, 0), [&backend, child] { *child = backend.duplicate(); }, nullptr)
         ->wait();
-    return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options());
+    return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options(), engine_->next_duplicate_name());
   }
 
   // Every collective below works on host tensors; `staging` swaps each device tensor for a
@@ -191,7 +191,7 @@ class CpuCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_cpu_communicator(std::unique_ptr<Backend> backend, const CommOptions& options) {
-  return std::make_unique<CpuCommunicator>(std::move(backend), options);
+  return std::make_unique<CpuCommunicator>(std::move(backend), options, "");
 }
 
 void Communicator::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {

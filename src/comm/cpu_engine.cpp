@@ -66,17 +66,19 @@ void CpuWork::wait(std::chrono::milliseconds timeout) {
   std::ostringstream message;
   message << description() << " did not complete within " << limit.count()
           << " ms of being issued: a peer may have skipped it, be stuck, or have died";
-  if (auto engine = engine_.lock()) engine->expire(shared_from_this(), message.str(), issued_);
+  std::string record;
+  if (auto engine = engine_.lock()) record = engine->expire(shared_from_this(), message.str(), issued_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!done_ || error_) throw Error(message.str());
+    if (!done_ || error_) throw Error(message.str() + record);
   }
   // It finished after all, just before it could be cancelled.
   if (staging_ != nullptr) staging_->wait_copies(Clock::now() + default_timeout_, description());
 }
 
-Engine::Engine(std::unique_ptr<Backend> backend, const CommOptions& options)
+Engine::Engine(std::unique_ptr<Backend> backend, const CommOptions& options, const std::string& name)
     : backend_(std::move(backend)), options_(options), timeout_(resolve_timeout(options.timeout)) {
+  recorder_ = FlightRecorder::create(name, backend_->rank(), backend_->size(), backend_->name());
   check_agreement_ = options.check_agreement || environment::debug_collectives();
   verify_ = options.verify && environment::verify_collectives();
   backend_->set_timeout(timeout_);
@@ -112,7 +114,7 @@ WorkHandle Engine::submit_collective(Descriptor descriptor, std::function<void()
   {
     std::lock_guard<std::mutex> lock(submit_mutex_);
     descriptor.seq = collective_sequence_++;
-    work = submit(std::string(), descriptor, std::move(body), inline_task, std::move(staging));
+    work = submit(std::string(), {.collective = descriptor}, descriptor, std::move(body), inline_task, std::move(staging));
   }
   if (inline_task) run_inline(*inline_task);
   return work;
@@ -124,14 +126,17 @@ WorkHandle Engine::submit_p2p(const char* op, const Tensor& tensor, int peer, in
   WorkHandle work;
   {
     std::lock_guard<std::mutex> lock(submit_mutex_);
-    work = submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), std::nullopt, std::move(body), inline_task,
-                  std::move(staging));
+    const Descriptor what{p2p_sequence_, 0, static_cast<std::int64_t>(tensor.dtype()), tensor.numel(), -1, -1};
+    work = submit(describe_p2p(op, p2p_sequence_++, tensor, peer, tag), {.collective = what, .p2p = op, .peer = peer, .tag = tag},
+                  std::nullopt, std::move(body), inline_task, std::move(staging));
   }
   if (inline_task) run_inline(*inline_task);
   return work;
 }
 
-void Engine::expire(const std::shared_ptr<CpuWork>& work, const std::string& message, Clock::time_point issued) {
+std::string Engine::expire(const std::shared_ptr<CpuWork>& work, const std::string& message, Clock::time_point issued) {
+  recorder_->failed(work->record(), message, /*timed_out=*/true);
+  const std::string record = recorder_->on_failure(message);
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -147,10 +152,11 @@ void Engine::expire(const std::shared_ptr<CpuWork>& work, const std::string& mes
     if (running_ != nullptr) backend_->abort();
   }
   if (queued) {
-    work->complete(std::make_exception_ptr(Error(message)));
-    return;
+    work->complete(std::make_exception_ptr(Error(message + record)));
+    return record;
   }
   work->wait_done_until(issued + timeout_ + 2 * kWaitGrace);
+  return record;
 }
 
 std::exception_ptr Engine::broken_error(const std::string& description) const {
@@ -162,10 +168,12 @@ std::exception_ptr Engine::broken_error(const std::string& description) const {
 // it (CallerWaits) and nothing is queued or running, hands it back in `inline_task` to run on
 // the calling thread: it then counts as running, so anything submitted meanwhile queues
 // behind it and the communication thread waits for it.
-WorkHandle Engine::submit(std::string description, std::optional<Descriptor> descriptor, std::function<void()> body,
+WorkHandle Engine::submit(std::string description, const FlightRecorder::Operation& record,
+                          std::optional<Descriptor> descriptor, std::function<void()> body,
                           std::optional<Task>& inline_task, std::shared_ptr<Staging> staging) {
   auto work = std::make_shared<CpuWork>(descriptor, std::move(description), timeout_ + kWaitGrace, weak_from_this());
   work->set_staging(std::move(staging));
+  work->set_record(recorder_->issued(record));
   const bool caller_waits = CallerWaits::take();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -227,10 +235,15 @@ void Engine::execute(Task& task) {
   try {
     // On the timeline: the operation on the wire, on whichever thread runs it.
     timeline::Span wire("wire", [&] { return task.work->description(); }, 0);
+    recorder_->started(task.work->record());
     if (task.descriptor) verify(*task.descriptor);
     task.body();
+    recorder_->completed(task.work->record());
   } catch (const std::exception& error) {
-    const Error wrapped(task.work->description() + " failed: " + backend_->explain(error.what()));
+    const std::string message = task.work->description() + " failed: " + backend_->explain(error.what());
+    recorder_->failed(task.work->record(), message, /*timed_out=*/false);
+    // The first failure dumps this rank's flight record (when asked to), and says where.
+    const Error wrapped(message + recorder_->on_failure(message));
     failure = std::make_exception_ptr(wrapped);
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.empty()) broken_ = wrapped.what();

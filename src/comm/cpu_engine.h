@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "collective.h"
 #include "cpu_staging.h"
+#include "flight_recorder.h"
 
 namespace gradsync::comm {
 
@@ -39,6 +40,9 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
 
   // Set before the Work is queued, for an operation on device tensors.
   void set_staging(std::shared_ptr<Staging> staging) { staging_ = std::move(staging); }
+  // Its entry in the engine's flight recorder.
+  void set_record(std::int64_t record) { record_ = record; }
+  std::int64_t record() const { return record_; }
   void complete(std::exception_ptr error);
   // Blocks until the communication thread has let go of the operation (it was aborted).
   bool wait_done_until(Clock::time_point deadline);
@@ -51,6 +55,7 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
   Clock::time_point issued_;
   std::weak_ptr<Engine> engine_;
   std::shared_ptr<Staging> staging_;
+  std::int64_t record_ = -1;
   mutable std::mutex mutex_;
   std::condition_variable done_changed_;
   bool done_ = false;
@@ -62,7 +67,9 @@ class CpuWork final : public Work, public std::enable_shared_from_this<CpuWork> 
 // communicator is always completed (the destructor fails what it did not run).
 class Engine final : public std::enable_shared_from_this<Engine> {
  public:
-  Engine(std::unique_ptr<Backend> backend, const CommOptions& options);
+  // `name` tells this communicator's flight record from the others' (flight_recorder.h): the
+  // same on every rank, "" for a top-level communicator.
+  Engine(std::unique_ptr<Backend> backend, const CommOptions& options, const std::string& name);
 
   void start();
   // The communicator goes away: nothing queued runs (each fails, naming why), the operation in
@@ -74,6 +81,10 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   const CommOptions& options() const { return options_; }
   std::string broken_reason() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
+  FlightRecorder& recorder() { return *recorder_; }
+  // The name of the next duplicate of this communicator (the same on every rank: duplicate() is
+  // collective and numbered in order).
+  std::string next_duplicate_name() { return recorder_->name() + "/" + std::to_string(++duplicates_); }
 
   // Queue an operation (or run it on the calling thread: see submit()). Collectives get the next
   // collective sequence number; point-to-point operations are numbered on their own.
@@ -85,8 +96,9 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   // of step, and make sure the operation no longer touches its buffers: a queued one is
   // dropped, a running one is aborted and waited for (bounded by the backend's own timeout:
   // Gloo's own collectives cannot be interrupted). An operation running ahead of a queued one
-  // is aborted too: the communicator is broken, it has no future.
-  void expire(const std::shared_ptr<CpuWork>& work, const std::string& message, Clock::time_point issued);
+  // is aborted too: the communicator is broken, it has no future. Returns what to add to the
+  // error (where the flight record was dumped, if it was).
+  std::string expire(const std::shared_ptr<CpuWork>& work, const std::string& message, Clock::time_point issued);
 
  private:
   struct Task {
@@ -96,8 +108,9 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   };
 
   std::exception_ptr broken_error(const std::string& description) const;
-  WorkHandle submit(std::string description, std::optional<Descriptor> descriptor, std::function<void()> body,
-                    std::optional<Task>& inline_task, std::shared_ptr<Staging> staging);
+  WorkHandle submit(std::string description, const FlightRecorder::Operation& record,
+                    std::optional<Descriptor> descriptor, std::function<void()> body, std::optional<Task>& inline_task,
+                    std::shared_ptr<Staging> staging);
   void run_inline(Task& task);
   void run();
   void execute(Task& task);
@@ -105,6 +118,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
 
   std::unique_ptr<Backend> backend_;
   CommOptions options_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  int duplicates_ = 0;
   std::chrono::milliseconds timeout_;
   bool check_agreement_ = false;
   bool verify_ = true;

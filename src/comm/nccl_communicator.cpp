@@ -20,6 +20,7 @@
 #include "core/cuda_check.h"
 #include "core/staging.h"
 #include "gradsync/core/stream.h"
+#include "flight_recorder.h"
 #include "operation_ledger.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/comm/nccl.h"
@@ -70,8 +71,9 @@ class Event {
 // aborts the communicator on the first failure, whoever sees it.
 class NcclState {
  public:
-  NcclState(int rank, int size, int device, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), device_(device), timeout_(timeout), ledger_("nccl", [this] {
+  NcclState(int rank, int size, int device, std::chrono::milliseconds timeout, const std::string& name)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout),
+        recorder_(FlightRecorder::create(name, rank, size, "nccl")), ledger_("nccl", [this] {
           // Under the ledger's lock: no launch is using the handle.
           if (comm_ != nullptr) ncclCommAbort(comm_);
           comm_ = nullptr;
@@ -161,7 +163,8 @@ class NcclState {
 
   // Marks the communicator broken, settles the verdict of every operation in flight, aborts
   // it (so that GPU kernels waiting for peers end and no rank blocks forever), and throws.
-  [[noreturn]] void fail(const std::string& message) { ledger_.fail(message); }
+  // The first failure dumps the flight record (when asked to), and the error says where.
+  [[noreturn]] void fail(const std::string& message) { ledger_.fail(message + recorder_->on_failure(message)); }
   void require_usable(const std::string& what) { ledger_.require_usable(what); }
   OperationLedger& ledger() { return ledger_; }
 
@@ -173,6 +176,7 @@ class NcclState {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t caller_ready_ = nullptr;  // reused for every launch's ordering after the caller
   detail::PooledBuffer scratch_;        // barrier and agreement-check payloads
+  std::shared_ptr<FlightRecorder> recorder_;  // an operation starts when queued: the GPU runs it in order
 
  private:
   OperationLedger ledger_;
@@ -183,24 +187,41 @@ class NcclWork final : public Work {
   explicit NcclWork(std::shared_ptr<NcclState> state) : state_(std::move(state)), done_(std::make_shared<Event>()) {}
 
   // Called once the event is recorded after the operation.
-  void track(const std::string& description) { operation_ = state_->track(description, done_); }
+  void track(const std::string& description, std::int64_t record) {
+    operation_ = state_->track(description, done_);
+    record_ = record;
+  }
   cudaEvent_t event() const { return done_->get(); }
 
   // Completed: the data was reduced, or the operation was lost to an abort (wait() throws).
-  bool is_completed() const override { return state_->ledger().settled(*operation_); }
-  void wait(std::chrono::milliseconds timeout) override { state_->wait(*operation_, *done_, timeout); }
+  bool is_completed() const override {
+    const OperationLedger::Verdict verdict = state_->ledger().poll(*operation_);
+    if (verdict == OperationLedger::Verdict::succeeded) state_->recorder_->completed(record_);
+    return verdict != OperationLedger::Verdict::pending;
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    try {
+      state_->wait(*operation_, *done_, timeout);
+    } catch (const std::exception& error) {
+      state_->recorder_->failed(record_, error.what(), /*timed_out=*/false);
+      throw;
+    }
+    state_->recorder_->completed(record_);
+  }
   const std::string& description() const override { return operation_->description(); }
 
  private:
   std::shared_ptr<NcclState> state_;
   std::shared_ptr<Event> done_;
   std::shared_ptr<OperationLedger::Operation> operation_;
+  std::int64_t record_ = -1;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, const CommOptions& options, int device)
-      : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout))) {
+      : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout),
+                                           "")) {
     check_agreement_ = options.check_agreement || environment::debug_collectives();
     DeviceGuard guard(device);
 
@@ -236,7 +257,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> duplicate() override {
     std::lock_guard<std::mutex> lock(launch_mutex_);
     const std::string what = "ncclCommSplit (duplicate #" + std::to_string(duplicates_++) + ")";
-    auto child = std::make_shared<NcclState>(state_->rank_, state_->size_, state_->device_, state_->timeout_);
+    auto child = std::make_shared<NcclState>(state_->rank_, state_->size_, state_->device_, state_->timeout_,
+                                             state_->recorder_->name() + "/" + std::to_string(duplicates_));
     {
       std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
       state_->require_usable(what);
@@ -371,8 +393,10 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard device(state_->device_);
     order_after_caller();
     if (check_agreement_) check_agreement(descriptor, what);
+    const std::int64_t record = state_->recorder_->issued({.collective = descriptor});
+    state_->recorder_->started(record);
     if (descriptor.count > 0 || descriptor.kind == static_cast<std::int64_t>(OpKind::barrier)) enqueue(what);
-    return finish(what);
+    return finish(what, record);
   }
 
   // `name(sequence)` describes the operation; the sequence number is taken under the lock.
@@ -384,8 +408,10 @@ class NcclCommunicator final : public Communicator {
     state_->require_usable(what);
     DeviceGuard device(state_->device_);
     order_after_caller();
+    const std::int64_t record = state_->recorder_->issued({.collective = {p2p_sequence_ - 1, 0, 0, 0, -1, -1}, .p2p = "p2p"});
+    state_->recorder_->started(record);
     enqueue(what);
-    return finish(what);
+    return finish(what, record);
   }
 
   void create_stream_and_buffers() {
@@ -406,10 +432,10 @@ class NcclCommunicator final : public Communicator {
     GRADSYNC_CUDA_CHECK(cudaStreamWaitEvent(state_->stream_, state_->caller_ready_, 0));
   }
 
-  WorkHandle finish(const std::string& what) {
+  WorkHandle finish(const std::string& what, std::int64_t record) {
     auto work = std::make_shared<NcclWork>(state_);
     GRADSYNC_CUDA_CHECK(cudaEventRecord(work->event(), state_->stream_));
-    work->track(what);
+    work->track(what, record);
     return work;
   }
 

@@ -42,6 +42,12 @@ constexpr std::array kKnobs{
          "the secret every rank presents to the rendezvous store, the same on every rank (scripts/launch.sh sets a "
          "random one); unset: derived from the launcher's job id and the rendezvous",
          "comm (Gloo's TCP store)"},
+    Knob{"GRADSYNC_FLIGHT_RECORDER", "1024",
+         "operations each communicator remembers for post-mortems (0: none)", "comm (flight recorder)"},
+    Knob{"GRADSYNC_FLIGHT_RECORDER_DIR", "unset",
+         "a folder: each rank dumps its flight record there (rank<R>.json) on a timeout, a collective mismatch, a lost "
+         "peer, and on SIGUSR1",
+         "comm (flight recorder)"},
     Knob{"GRADSYNC_STAGING_POOL_MB", "4096",
          "the most memory of free page-locked and device staging buffers kept for reuse", "core (staging)"},
     Knob{"GRADSYNC_TIMELINE", "unset", "a path: each rank records its timeline to <path> with its rank inserted",
@@ -139,6 +145,11 @@ std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST");
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
 std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }
 std::optional<std::string> store_token() { return text_knob("GRADSYNC_STORE_TOKEN"); }
+
+std::size_t flight_recorder_entries() {
+  return static_cast<std::size_t>(whole_number("GRADSYNC_FLIGHT_RECORDER", 0, 1 << 20, "operations").value_or(1024));
+}
+std::optional<std::string> flight_recorder_dir() { return text_knob("GRADSYNC_FLIGHT_RECORDER_DIR"); }
 
 std::size_t staging_pool_bytes() {
   return static_cast<std::size_t>(whole_number("GRADSYNC_STAGING_POOL_MB", 0, 1LL << 30, "MiB").value_or(4096)) << 20;

@@ -52,6 +52,8 @@ std::optional<std::string> gloo_host();                         // GRADSYNC_GLOO
 std::optional<std::string> gloo_store_dir();                    // GRADSYNC_GLOO_STORE_DIR
 std::optional<std::string> store_bind();                        // GRADSYNC_STORE_BIND
 std::optional<std::string> store_token();                       // GRADSYNC_STORE_TOKEN
+std::size_t flight_recorder_entries();                          // GRADSYNC_FLIGHT_RECORDER
+std::optional<std::string> flight_recorder_dir();               // GRADSYNC_FLIGHT_RECORDER_DIR
 std::size_t staging_pool_bytes();                               // GRADSYNC_STAGING_POOL_MB
 std::optional<std::string> timeline_path();                     // GRADSYNC_TIMELINE
 bool baseline_cpu_isa();                                        // GRADSYNC_CPU_ISA

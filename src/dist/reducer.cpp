@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "gradsync/comm/flight_recorder.h"
 #include "gradsync/core/timeline.h"
 #include "gradsync/kernels/ops.h"
 
@@ -29,6 +30,18 @@ void scale_gradient(Tensor& values, double factor) {
   ops::cast(wide, values);
 }
 
+// "bucket 2: fc1.weight, fc1.bias": what a bucket's collectives are called in the flight record.
+std::shared_ptr<const std::string> bucket_label(const BucketInfo& info) {
+  std::string label = "bucket " + std::to_string(info.index) + ":";
+  for (std::size_t m = 0; m < info.members.size(); ++m) {
+    if (m == 4) {
+      label += " (+" + std::to_string(info.members.size() - 4) + " more)";
+      break;
+    }
+    label += (m ? ", " : " ") + info.members[m]->name();
+  }
+  return std::make_shared<const std::string>(std::move(label));
+}
 }  // namespace
 
 struct Reducer::Impl {
@@ -52,6 +65,7 @@ struct Reducer::Impl {
     std::size_t pending = 0;
     bool launched = false;
     comm::WorkHandle work;
+    std::shared_ptr<const std::string> label;  // its operations' name in the flight record
   };
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // registry index -> (bucket, member); bucket npos if none
@@ -147,6 +161,7 @@ struct Reducer::Impl {
       lay_out(bucket);
       bucket.ready.assign(bucket.info.members.size(), false);
       bucket.pending = bucket.info.members.size();
+      bucket.label = bucket_label(bucket.info);
       for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
         slot_of[bucket.info.members[m]->index()] = {buckets.size(), m};
       }
@@ -237,6 +252,7 @@ struct Reducer::Impl {
       for (const Parameter* member : bucket.info.members) name += " " + member->name();
       timeline::instant("bucket", name);
     }
+    const comm::OperationLabel label(bucket.label);
     if (options.reduce_scatter) {
       bucket.work = launch_reduce_scatter(bucket, *wire);
     } else {

@@ -2,6 +2,10 @@
 #include "step_status.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
+
+#include "gradsync/comm/flight_recorder.h"
 
 namespace gradsync::dist {
 
@@ -33,7 +37,12 @@ void StepStatus::propose_auto(const std::array<double, 3>& trial_seconds) {
 }
 
 void StepStatus::exchange(comm::Communicator& comm, const std::function<void()>& meanwhile) {
-  comm::WorkHandle work = comm.allreduce_host_async(words_, comm::ReduceOp::sum);
+  static const auto kLabel = std::make_shared<const std::string>("step status (used parameters, join flags)");
+  comm::WorkHandle work;
+  {
+    const comm::OperationLabel label(kLabel);
+    work = comm.allreduce_host_async(words_, comm::ReduceOp::sum);
+  }
   comm::FirstError errors;
   errors.run(meanwhile);
   errors.wait(work);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "gradsync/comm/flight_recorder.h"
 #include "gradsync/core/timeline.h"
 #include "gradsync/dist/replicas.h"
 #include "gradsync/kernels/ops.h"
@@ -52,6 +53,8 @@ struct ZeroOptimizer::Impl {
   bool shadowing = false;  // this rank is a joined rank in a shadow step
 
   std::array<double, 3> control(double kind, double unscale, double clip) {
+    static const auto kLabel = std::make_shared<const std::string>("ZeRO control (statistics or step)");
+    const comm::OperationLabel label(kLabel);
     Tensor words = Tensor::from_vector(std::vector<double>{kind, unscale, clip}, {3});
     comm.allreduce_host(words, comm::ReduceOp::max);
     const std::vector<double> v = words.to_double_vector();
@@ -164,6 +167,8 @@ struct ZeroOptimizer::Impl {
       require_no_scaler_under_join();
       control(kStatistics, optimizer.pending_gradient_unscale(), 1.0);
     }
+    static const auto kLabel = std::make_shared<const std::string>("ZeRO gradient statistics");
+    const comm::OperationLabel label(kLabel);
     Tensor sums = Tensor::from_vector(
         std::vector<double>{statistics.sum_of_squares, static_cast<double>(statistics.nonfinite)}, {2});
     comm.allreduce_host(sums, comm::ReduceOp::sum);
@@ -184,6 +189,8 @@ struct ZeroOptimizer::Impl {
       for (const std::int64_t count : gather.shard.counts) numel += count;
       Tensor target = values.view(static_cast<std::size_t>(gather.begin), {numel});
       timeline::instant("zero", "gather parameters");
+      const comm::OperationLabel label("ZeRO gather: arena " + std::to_string(gather.arena) + " from element " +
+                                       std::to_string(gather.begin));
       gather.work = comm.allgatherv_async(gather.staging, target, gather.shard.counts);
     }
   }

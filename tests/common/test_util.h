@@ -24,6 +24,31 @@ inline std::filesystem::path fixture_path(const std::string& name) {
   return std::filesystem::path(override_dir != nullptr ? override_dir : GRADSYNC_FIXTURE_DIR) / name;
 }
 
+// Sets an environment variable for a scope and restores what was there (gradsync reads its
+// knobs when a communicator or a file is made, so a test sets them before).
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const std::string& value) : name_(name) {
+    if (const char* before = std::getenv(name)) previous_ = before;
+    had_ = std::getenv(name) != nullptr;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedVariable() {
+    if (had_) {
+      ::setenv(name_, previous_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::string previous_;
+  bool had_ = false;
+};
+
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.
 class TempDir {
  public:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
-# CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks accuracy strategies resume interop
+# CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
 # mixed_precision clip_norm timeline uneven zero.
 set -euo pipefail
 case_name=$1
@@ -43,6 +43,20 @@ case $case_name in
       echo "--batch 64 on 3 ranks was accepted"; exit 1
     fi
     grep -q -- "--batch 64 must divide into 3 ranks x 1 passes" "$scratch/refused" ;;
+  stragglers)  # rank 1 slowed by 40 ms a step: the summary names it, and the wait is about that
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$examples/digits_ddp" --max-steps 20 --stragglers 10 \
+      --delay-rank 1:40 --metrics "$scratch/m.jsonl" | tee "$scratch/out"
+    grep -q "step 20: slowest rank 1: the others waited" "$scratch/out"
+    python3 - "$scratch/m.jsonl" <<'PY'
+import json, sys
+reports = [json.loads(line)["stragglers"] for line in open(sys.argv[1]) if "stragglers" in line]
+assert len(reports) == 2, reports
+for report in reports:
+    assert report["slowest"] == 1, report
+    assert 30 <= report["waited_ms_per_step"] <= 80, report  # 40 ms a step, give or take scheduling
+print("stragglers: rank 1 named in both windows,", [round(r["waited_ms_per_step"], 1) for r in reports], "ms/step")
+PY
+    ;;
   accuracy)  # the target: at least 95% held-out accuracy, fixed seed
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --min-accuracy 0.95 --quiet ;;
   strategies)  # same final weights: bitwise across ranks (--check-replicas), within tolerance across strategies

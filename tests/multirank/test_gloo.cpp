@@ -4,6 +4,8 @@
 #include "gradsync/comm/gloo.h"
 
 #include <atomic>
+#include <barrier>
+#include <fstream>
 #include <chrono>
 #include <thread>
 
@@ -11,10 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "collectives.h"
 #include "expectations.h"
 #include "gradsync/comm/agreement.h"
 #include "gradsync/comm/connect.h"
+#include "gradsync/comm/flight_recorder.h"
 
 namespace gradsync {
 namespace {
@@ -175,6 +180,121 @@ TEST(Gloo, AgreementRaisesTheSameErrorOnEveryRank) {
   });
   for (const std::string& message : messages) {
     EXPECT_EQ(message, "checking the files: rank 1: file1 is damaged (rank 3 failed too)");
+  }
+}
+
+// ---- The flight recorder (gradsync/comm/flight_recorder.h) ----------------------------------
+
+nlohmann::json read_record(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// The ring keeps the last N operations, each with its issuer's label (the innermost), its
+// state and times; p2p operations name their peer and tag; a dump is one file per rank.
+TEST(FlightRecorder, KeepsTheLastOperationsWithTheirLabelsOneFilePerRank) {
+  const testing::ScopedVariable entries("GRADSYNC_FLIGHT_RECORDER", "8");
+  testing::TempDir folder;
+  std::barrier both_done(2), dumped(2);
+  comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+    const comm::OperationLabel outer("outer");
+    for (int k = 0; k < 10; ++k) {
+      const comm::OperationLabel label("op " + std::to_string(k));
+      Tensor t = Tensor::from_vector(std::vector<float>(3, 1.0f), {3});
+      comm.allreduce(t, comm::ReduceOp::sum);
+    }
+    Tensor x = Tensor::from_vector(std::vector<float>{1, 2}, {2});
+    if (comm.rank() == 0) {
+      comm.send(x, 1, 7);
+    } else {
+      comm.recv(x, 0, 7);
+    }
+    comm.barrier();  // labelled "outer": the inner labels have ended
+    // Both threads are past their barrier (recorded as completed) before rank 0 dumps, and
+    // neither leaves (ending its communicator) before the dump is written.
+    both_done.arrive_and_wait();
+    if (comm.rank() == 0) {
+      EXPECT_EQ(comm::dump_flight_records(folder.path()).size(), 2u);
+    }
+    dumped.arrive_and_wait();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json dump = read_record(folder / ("rank" + std::to_string(rank) + ".json"));
+    EXPECT_EQ(dump["rank"], rank);
+    EXPECT_EQ(dump["reason"], "requested");
+    ASSERT_EQ(dump["communicators"].size(), 1u);
+    const nlohmann::json& record = dump["communicators"][0];
+    EXPECT_EQ(record["backend"], "gloo");
+    EXPECT_EQ(record["capacity"], 8);
+    const nlohmann::json& entries = record["entries"];
+    ASSERT_EQ(entries.size(), 8u) << record.dump(1);
+    // Ops 0-3 have left the ring; 4-9, the p2p operation and the first barrier remain.
+    EXPECT_EQ(entries[0]["seq"], 4);
+    EXPECT_EQ(entries[0]["label"], "op 4");
+    EXPECT_EQ(entries[0]["what"], "allreduce #4 (sum), f32 x 3");
+    EXPECT_EQ(entries[5]["label"], "op 9");
+    EXPECT_EQ(entries[6]["p2p"], rank == 0 ? "send" : "recv");
+    EXPECT_EQ(entries[6]["peer"], 1 - rank);
+    EXPECT_EQ(entries[6]["tag"], 7);
+    EXPECT_EQ(entries[7]["op"], "barrier");
+    EXPECT_EQ(entries[7]["label"], "outer");
+    for (const nlohmann::json& entry : entries) {
+      EXPECT_EQ(entry["state"], "completed") << entry.dump();
+      EXPECT_LE(entry["issued_us"].get<std::int64_t>(), entry["started_us"].get<std::int64_t>());
+      EXPECT_LE(entry["started_us"].get<std::int64_t>(), entry["ended_us"].get<std::int64_t>());
+    }
+  }
+}
+
+// A failure dumps the failing rank's record into GRADSYNC_FLIGHT_RECORDER_DIR, and the error
+// says where; the operation that failed is marked so.
+TEST(FlightRecorder, AFailureDumpsTheRecordAndTheErrorSaysWhere) {
+  testing::TempDir folder;
+  const testing::ScopedVariable dir("GRADSYNC_FLIGHT_RECORDER_DIR", folder.path().string());
+  std::string message;
+  comm::run_gloo_thread_group(
+      2,
+      [&](Communicator& comm) {
+        Tensor t = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+        comm.allreduce(t, comm::ReduceOp::sum);
+        if (comm.rank() == 1) return;  // skips the second allreduce, and leaves
+        try {
+          const comm::OperationLabel label("the one rank 1 skipped");
+          comm.allreduce(t, comm::ReduceOp::sum);
+        } catch (const Error& error) {
+          message = error.what();
+        }
+      },
+      {.timeout = std::chrono::milliseconds(500)});
+  const auto path = folder / "rank0.json";
+  EXPECT_NE(message.find("(flight record: " + path.string() + ")"), std::string::npos) << message;
+  const nlohmann::json dump = read_record(path);
+  const nlohmann::json& entries = dump["communicators"][0]["entries"];
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[1]["label"], "the one rank 1 skipped");
+  EXPECT_TRUE(entries[1]["state"] == "failed" || entries[1]["state"] == "timed out") << entries[1].dump();
+  EXPECT_FALSE(dump["communicators"][0]["broken"].get<std::string>().empty());
+}
+
+// A rank slowed on purpose is the one the others wait for; the summary names it.
+TEST(FlightRecorder, TheStragglerMonitorNamesASlowedRank) {
+  std::vector<comm::StragglerReport> reports(3);
+  comm::run_gloo_thread_group(3, [&](Communicator& comm) {
+    comm::StragglerMonitor monitor(comm);
+    for (int step = 0; step < 8; ++step) {
+      if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+      Tensor t = Tensor::from_vector(std::vector<float>(1000, 1.0f), {1000});
+      comm.allreduce(t, comm::ReduceOp::sum);
+      monitor.step();
+    }
+    reports[static_cast<std::size_t>(comm.rank())] = monitor.collect();
+  });
+  for (const comm::StragglerReport& report : reports) {
+    EXPECT_EQ(report.slowest, 1) << report.line();
+    EXPECT_EQ(report.steps, 8);
+    // 40 ms a step; the others' wait is most of it even on a loaded machine.
+    EXPECT_GT(report.waited_ms_per_step, 20.0) << report.line();
+    EXPECT_NE(report.line().find("slowest rank 1"), std::string::npos);
   }
 }
 

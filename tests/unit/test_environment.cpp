@@ -13,25 +13,7 @@
 namespace gradsync {
 namespace {
 
-// Sets a variable for the scope of a test and restores what was there.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) {
-    if (const char* before = std::getenv(name)) previous_ = before;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedVariable() {
-    if (previous_.empty()) {
-      ::unsetenv(name_);
-    } else {
-      ::setenv(name_, previous_.c_str(), 1);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string previous_;
-};
+using testing::ScopedVariable;
 
 TEST(Environment, TheDocsTableIsTheCodesTable) {
   std::ifstream file(std::string(GRADSYNC_SOURCE_DIR) + "/docs/environment.md");

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The flight recorder end to end: three ranks of flight_faults (Gloo, the environment
+# rendezvous) with a fault planted on rank 2, the survivors' dumps on their failure, rank 2's on
+# SIGUSR1, and scripts/flight_report.py's analysis, checked line by line.
+#   flight_recorder.sh FLIGHT_FAULTS SOURCE_DIR [FAULT...]
+set -euo pipefail
+program=$1
+source=$2
+shift 2
+faults=("$@")
+((${#faults[@]})) || faults=(stopped skip differ)
+scratch=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+expect() {  # expect REPORT TEXT: the report has a line containing TEXT
+  if ! grep -qF -- "$2" "$1"; then
+    echo "FAIL: the report lacks: $2"
+    exit 1
+  fi
+}
+
+for fault in "${faults[@]}"; do
+  dir=$scratch/$fault
+  mkdir -p "$dir"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  pids=()
+  for rank in 0 1 2; do
+    RANK=$rank WORLD_SIZE=3 LOCAL_RANK=$rank MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GRADSYNC_STORE_TOKEN=flight-test \
+      GRADSYNC_TIMEOUT_MS=3000 GRADSYNC_RENDEZVOUS_TIMEOUT_MS=60000 GRADSYNC_FLIGHT_RECORDER_DIR=$dir \
+      "$program" "$fault" >"$dir/out$rank.txt" 2>&1 &
+    pids+=($!)
+  done
+  # Ranks 0 and 1 end with an error (a timeout or a mismatch) within seconds.
+  for rank in 0 1; do
+    if wait "${pids[$rank]}"; then echo "FAIL ($fault): rank $rank succeeded"; cat "$dir/out$rank.txt"; exit 1; fi
+  done
+  if [[ $fault == stopped ]]; then
+    # Rank 2 is still in its endless compute: ask it for its record.
+    kill -USR1 "${pids[2]}"
+    for _ in $(seq 100); do [[ -f $dir/rank2.json ]] && break; sleep 0.1; done
+    kill -9 "${pids[2]}" 2>/dev/null || true
+  fi
+  wait "${pids[2]}" 2>/dev/null || true
+  for rank in 0 1; do grep -q "flight record: $dir/rank$rank.json" "$dir/out$rank.txt" ||
+    { echo "FAIL ($fault): rank $rank's error does not say where its record is"; cat "$dir/out$rank.txt"; exit 1; }
+  done
+  python3 "$source/scripts/flight_report.py" "$dir" --world 3 | tee "$dir/report.txt"
+  case $fault in
+    stopped)  # the buckets (the Reducer's communicator, world/1) and the step status (world) wait for rank 2
+      expect "$dir/report.txt" "ranks 0, 1 wait in allreduce #6 (sum), f32 x 3048 [bucket 0: fc.bias, fc.weight]"
+      expect "$dir/report.txt" "rank 2 is behind: its last collective is allreduce #5 (sum), f32 x 3000 [bucket 1: embed.weight], completed (dumped for: SIGUSR1)"
+      expect "$dir/report.txt" "ranks 0, 1 wait in allreduce #10 (sum), f64 x 11 [step status (used parameters, join flags)]"
+      expect "$dir/report.txt" "rank 2 is behind: its last collective is allreduce #9 (avg), f32 x 1 [the loss, averaged], completed" ;;
+    skip)
+      expect "$dir/report.txt" "mismatch at #17: ranks 0, 1 run allreduce #17 (sum), f32 x 2000 [bucket 1: fc.weight]"
+      expect "$dir/report.txt" "but rank 2 runs allreduce #17 (sum), f32 x 1000 [bucket 2: fc.bias], the others' #18: rank 2 skipped #17" ;;
+    differ)
+      expect "$dir/report.txt" "mismatch at #11: ranks 0, 1 run allreduce #11 (avg), f32 x 1 [the loss, averaged]"
+      expect "$dir/report.txt" "but rank 2 runs allgather #11, f32 x 1 [the loss, averaged]" ;;
+  esac
+  echo "== $fault: the report names rank 2 and the operation"
+done
