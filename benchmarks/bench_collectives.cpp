@@ -15,6 +15,7 @@
 //   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo
 //   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo --device cuda
 //   benchmarks/compare_collectives.sh 2        (all of it, with the torch columns)
+//   mpirun -np 4 build/benchmarks/bench_collectives --backend mpi --reproducible   (its cost)
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <gloo/allgather.h>
@@ -245,6 +246,61 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
   }
 }
 
+// A duplicate of `comm` in reproducible mode with `algorithm` (owner or chain).
+std::unique_ptr<comm::Communicator> reproducible_duplicate(comm::Communicator& comm, const char* algorithm) {
+  ::setenv("GRADSYNC_REPRODUCIBLE", "1", 1);
+  ::setenv("GRADSYNC_REPRODUCIBLE_ALGORITHM", algorithm, 1);
+  auto duplicate = comm.duplicate();
+  ::unsetenv("GRADSYNC_REPRODUCIBLE");
+  ::unsetenv("GRADSYNC_REPRODUCIBLE_ALGORITHM");
+  return duplicate;
+}
+
+// Reproducible mode's cost: the allreduce and the reduce-scatter with each ordered algorithm
+// against the same communicator's ordinary path and the raw library allreduce, same run.
+void reproducible_sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw) {
+  const int n = comm.size();
+  auto owner = reproducible_duplicate(comm, "owner");
+  auto chain = reproducible_duplicate(comm, "chain");
+  if (comm.rank() == 0) {
+    std::printf("\n%s, %d ranks, f32 sum: reproducible mode (ascending rank order) against the ordinary path\n",
+                comm.backend(), n);
+    std::printf("%-15s %12s %10s %10s %10s %10s %9s %9s\n", "op", "bytes", "raw us", "ordinary", "owner us", "chain us",
+                "owner/ord", "chain/ord");
+  }
+  for (const bool scatter : {false, true}) {
+    for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      const std::int64_t count = bytes / 4 / n * n;
+      const int iterations = static_cast<int>(std::clamp<std::int64_t>((32 << 20) / bytes, 3, 100));
+      Tensor data = Tensor::zeros({count}, DType::f32);
+      Tensor piece = Tensor::zeros({count / n}, DType::f32);
+      const auto call = [&](comm::Communicator& c) {
+        return [&] {
+          if (scatter) {
+            c.reduce_scatter(data, piece, comm::ReduceOp::sum);
+          } else {
+            c.allreduce(data, comm::ReduceOp::sum);
+          }
+        };
+      };
+      const double raw_seconds = scatter ? 0.0 : time_calls(comm, iterations, [&] { raw.allreduce(data); });
+      const double ordinary = time_calls(comm, iterations, call(comm));
+      const double by_owner = time_calls(comm, iterations, call(*owner));
+      const double by_chain = time_calls(comm, iterations, call(*chain));
+      if (comm.rank() == 0) {
+        std::printf("%-15s %12lld ", scatter ? "reduce_scatter" : "allreduce", static_cast<long long>(count * 4));
+        if (scatter) {
+          std::printf("%10s", "-");
+        } else {
+          std::printf("%10.1f", raw_seconds * 1e6);
+        }
+        std::printf(" %10.1f %10.1f %10.1f %8.2fx %8.2fx\n", ordinary * 1e6, by_owner * 1e6, by_chain * 1e6,
+                    by_owner / ordinary, by_chain / ordinary);
+      }
+    }
+  }
+}
+
 // Device tensors on a CPU backend: the staged allreduce against the host allreduce of the same
 // bytes plus one round trip of copies through pinned memory (the least staging can cost
 // without overlap; with several operations in flight the copies of one overlap the wire of
@@ -293,8 +349,9 @@ int main(int argc, char** argv) try {
                            "  the host allreduce plus one copy each way)]\n"
                            "  allreduce, allgather and broadcast from 4 B to N bytes, ours against the raw library call\n"
                            "  (and torch.distributed with --torch FILE from benchmarks/torch_collectives.py); run on\n"
-                           "  several ranks: mpirun -np 2 ..., or scripts/launch.sh 2 ... --backend gloo",
-                           {"--backend", "--max-bytes", "--torch", "--device"});
+                           "  several ranks: mpirun -np 2 ..., or scripts/launch.sh 2 ... --backend gloo\n"
+                           "  [--reproducible: instead, the cost of reproducible mode (both algorithms) on mpi or gloo]",
+                           {"--backend", "--max-bytes", "--torch", "--device"}, {"--reproducible"});
   const std::string backend = flags.text("--backend", "mpi");
   const std::string torch_path = flags.text("--torch", "");
   const std::int64_t max_bytes = flags.integer("--max-bytes", 64 << 20);
@@ -310,9 +367,11 @@ int main(int argc, char** argv) try {
   }
   if (backend == "mpi") {
     auto comm = comm::connect("mpi");
+    if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_mpi()), 0;
     sweep(*comm, max_bytes, raw_mpi(), torch);
   } else if (backend == "gloo") {
     auto comm = comm::connect("gloo");
+    if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size())), 0;
     sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size()), torch);
   } else if (backend == "nccl") {
 #if GRADSYNC_WITH_NCCL

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algorithms/transport.h"
 #include "gradsync/comm/communicator.h"
 
 namespace gradsync::comm {
@@ -28,6 +29,10 @@ class Backend {
   virtual void barrier() = 0;
   virtual void send(const void* data, std::size_t nbytes, int peer, int tag) = 0;
   virtual void recv(void* data, std::size_t nbytes, int peer, int tag) = 0;
+
+  // The point-to-point messages the algorithms of src/comm/algorithms/ run over, ready for one
+  // more operation (Gloo gives each its own range of slots).
+  virtual algorithms::Transport& begin_algorithm() = 0;
 
   // A backend over the same ranks that shares nothing in flight with this one (its own MPI
   // communicator, its own Gloo context). Called on the communication thread, in sequence.

@@ -91,10 +91,7 @@ class CpuCommunicator final : public Communicator {
     Tensor in = stage(staging, input, true, false);
     Tensor out = stage(staging, output, false, true);
     return submit(Descriptor::of(OpKind::reduce_scatter, input.dtype(), input.numel(), -1, static_cast<std::int64_t>(op)),
-                  [this, in, out, op]() mutable {
-                    engine_->backend().reduce_scatter(in.data(), out.data(), out.numel(), in.dtype(), backend_op(op));
-                    finish_average(out, op);
-                  },
+                  [this, in, out, op]() mutable { reduce_scatter(in, out, op); },
                   std::move(staging));
   }
 
@@ -169,9 +166,32 @@ class CpuCommunicator final : public Communicator {
     if (op == ReduceOp::avg) ops::scale(result, 1.0 / size());
   }
 
+  // Every reduction of this communicator goes through these two. In reproducible mode they add
+  // in rank order over the backend's point-to-point messages (algorithms/ordered_reduce.h);
+  // otherwise the backend picks its fastest algorithm.
   void reduce_in_place(Tensor& tensor, ReduceOp op) {
-    engine_->backend().allreduce(tensor.data(), tensor.numel(), tensor.dtype(), backend_op(op));
+    Backend& backend = engine_->backend();
+    if (engine_->reproducible()) {
+      algorithms::ordered_allreduce(backend.begin_algorithm(), static_cast<std::byte*>(tensor.data()), tensor.numel(),
+                                    tensor.dtype(), backend_op(op), engine_->ordered_algorithm());
+    } else {
+      backend.allreduce(tensor.data(), tensor.numel(), tensor.dtype(), backend_op(op));
+    }
     finish_average(tensor, op);
+  }
+
+  void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+    Backend& backend = engine_->backend();
+    if (engine_->reproducible()) {
+      const std::size_t chunk = output.nbytes();
+      std::vector<std::size_t> offsets;
+      for (int c = 0; c <= size(); ++c) offsets.push_back(static_cast<std::size_t>(c) * chunk);
+      algorithms::ordered_reduce_scatter(backend.begin_algorithm(), static_cast<const std::byte*>(input.data()),
+                                         static_cast<std::byte*>(output.data()), offsets, input.dtype(), backend_op(op));
+    } else {
+      backend.reduce_scatter(input.data(), output.data(), output.numel(), input.dtype(), backend_op(op));
+    }
+    finish_average(output, op);
   }
 
   // Device tensors: the copies to the host start now; the body waits for them, then queues the

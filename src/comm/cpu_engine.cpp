@@ -81,6 +81,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, const CommOptions& options, con
   recorder_ = FlightRecorder::create(name, backend_->rank(), backend_->size(), backend_->name());
   check_agreement_ = options.check_agreement || environment::debug_collectives();
   verify_ = options.verify && environment::verify_collectives();
+  reproducible_ = options.reproducible || environment::reproducible();
+  if (environment::reproducible_chain()) ordered_algorithm_ = algorithms::OrderedAlgorithm::chain;
   backend_->set_timeout(timeout_);
 }
 
@@ -268,14 +270,27 @@ void Engine::verify(const Descriptor& mine) {
   if (backend_->size() == 1) return;
   if (!check_agreement_) {
     if (!verify_) return;
-    std::int64_t words[2] = {mine.fingerprint(), -mine.fingerprint()};
+    // A rank in reproducible mode reduces with other messages than one that is not: the mode
+    // is part of what must agree (flipping the top bit of 62 keeps -f from overflowing).
+    const std::int64_t fingerprint = mine.fingerprint() ^ (reproducible_ ? (std::int64_t{1} << 61) : 0);
+    std::int64_t words[2] = {fingerprint, -fingerprint};
     backend_->allreduce(words, 2, DType::i64, ReduceOp::max);
     if (words[0] == -words[1]) return;
   }
   std::vector<Descriptor> all(static_cast<std::size_t>(backend_->size()));
   backend_->allgather(&mine, all.data(), kDescriptorWords, DType::i64);
   require_agreement(mine, all, backend_->rank());
-  detail::throw_error("collective mismatch: the ranks' fingerprints of ", mine.str(), " differ");
+  // The descriptors agree. Without debug mode the fingerprints differed all the same: only the
+  // mode can be left. In debug mode nothing has compared the modes yet.
+  if (check_agreement_) {
+    std::int64_t modes[2] = {reproducible_ ? 1 : 0, reproducible_ ? -1 : 0};
+    backend_->allreduce(modes, 2, DType::i64, ReduceOp::max);
+    if (modes[0] == -modes[1]) return;
+  }
+  detail::throw_error("collective mismatch: every rank runs ", mine.str(),
+                      ", but not every rank is in reproducible mode (this rank ", backend_->rank(),
+                      reproducible_ ? " is" : " is not",
+                      "): set CommOptions::reproducible or GRADSYNC_REPRODUCIBLE the same on every rank");
 }
 
 }  // namespace gradsync::comm

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "algorithms/ordered_reduce.h"
 #include "backend.h"
 #include "collective.h"
 #include "cpu_staging.h"
@@ -81,6 +82,10 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   const CommOptions& options() const { return options_; }
   std::string broken_reason() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Reproducible mode (CommOptions::reproducible or GRADSYNC_REPRODUCIBLE): the reductions add
+  // in rank order (algorithms/ordered_reduce.h), with this algorithm.
+  bool reproducible() const { return reproducible_; }
+  algorithms::OrderedAlgorithm ordered_algorithm() const { return ordered_algorithm_; }
   FlightRecorder& recorder() { return *recorder_; }
   // The name of the next duplicate of this communicator (the same on every rank: duplicate() is
   // collective and numbered in order).
@@ -123,6 +128,8 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   std::chrono::milliseconds timeout_;
   bool check_agreement_ = false;
   bool verify_ = true;
+  bool reproducible_ = false;
+  algorithms::OrderedAlgorithm ordered_algorithm_ = algorithms::OrderedAlgorithm::owner;
 
   std::mutex submit_mutex_;  // sequence numbers are assigned in submission order
   std::int64_t collective_sequence_ = 0;

@@ -94,9 +94,13 @@ class GlooBackend final : public Backend {
   // Gloo has no option-style reduce-scatter: the ring of src/comm/algorithms/, over Gloo's
   // point-to-point buffers in their own slot range.
   void reduce_scatter(const void* input, void* output, std::int64_t count, DType dtype, ReduceOp op) override {
+    algorithms::ring_reduce_scatter(begin_algorithm(), static_cast<const std::byte*>(input),
+                                    static_cast<std::byte*>(output), count, dtype, op);
+  }
+
+  algorithms::Transport& begin_algorithm() override {
     transport_.next_operation();
-    algorithms::ring_reduce_scatter(transport_, static_cast<const std::byte*>(input), static_cast<std::byte*>(output),
-                                    count, dtype, op);
+    return transport_;
   }
 
   void barrier() override {

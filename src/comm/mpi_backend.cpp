@@ -204,6 +204,7 @@ class MpiBackend final : public Backend {
   void abort() override { aborted_ = true; }
 
   const char* name() const override { return "mpi"; }
+  algorithms::Transport& begin_algorithm() override { return transport_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }

@@ -223,6 +223,11 @@ class NcclCommunicator final : public Communicator {
       : state_(std::make_shared<NcclState>(bootstrap.rank(), bootstrap.size(), device, resolve_timeout(options.timeout),
                                            "")) {
     check_agreement_ = options.check_agreement || environment::debug_collectives();
+    // NCCL picks its rings, trees and channel counts per call: the order it adds in is not ours
+    // to fix. Saying so beats silently giving up the bitwise guarantee.
+    GRADSYNC_CHECK(!options.reproducible && !environment::reproducible(), "rank ", bootstrap.rank(),
+                   ": reproducible mode (CommOptions::reproducible, GRADSYNC_REPRODUCIBLE) needs a CPU communicator "
+                   "(Gloo or MPI): NCCL does not fix the order in which it adds the ranks' values");
     DeviceGuard guard(device);
 
     // Rank 0 creates the id; the bootstrap communicator carries it to everyone.

@@ -29,6 +29,14 @@ constexpr std::array kKnobs{
     Knob{"GRADSYNC_VERIFY_COLLECTIVES", "1",
          "0: turns off the cheap always-on check that all ranks run the same collective (CommOptions::verify)",
          "comm (CPU communicators)"},
+    Knob{"GRADSYNC_REPRODUCIBLE", "0",
+         "1: every allreduce, reduce-scatter and coalesced allreduce adds in ascending rank order, so its bits do not "
+         "depend on the bucket size, the algorithm or the backend (CommOptions::reproducible; NCCL refuses it)",
+         "comm (CPU communicators)"},
+    Knob{"GRADSYNC_REPRODUCIBLE_ALGORITHM", "owner",
+         "how reproducible mode reduces: owner (each rank adds up its chunk, then an allgather) or chain (partial sums "
+         "from rank 0 to the last, then a broadcast); the same bits either way",
+         "comm (CPU communicators)"},
     Knob{"GRADSYNC_GLOO_HOST", "127.0.0.1",
          "the address (or host name) this rank's Gloo transport listens on, reachable by the other ranks",
          "comm (Gloo)"},
@@ -141,6 +149,14 @@ std::chrono::milliseconds rendezvous_report_interval() {
 }
 bool debug_collectives() { return switch_knob("GRADSYNC_DEBUG_COLLECTIVES", false); }
 bool verify_collectives() { return switch_knob("GRADSYNC_VERIFY_COLLECTIVES", true); }
+bool reproducible() { return switch_knob("GRADSYNC_REPRODUCIBLE", false); }
+bool reproducible_chain() {
+  const auto value = text_knob("GRADSYNC_REPRODUCIBLE_ALGORITHM");
+  if (!value) return false;
+  GRADSYNC_CHECK(*value == "owner" || *value == "chain", "GRADSYNC_REPRODUCIBLE_ALGORITHM must be 'owner' or 'chain', got '",
+                 *value, "'");
+  return *value == "chain";
+}
 std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST"); }
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
 std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }

@@ -48,6 +48,8 @@ std::optional<std::chrono::milliseconds> rendezvous_timeout();  // GRADSYNC_REND
 std::chrono::milliseconds rendezvous_report_interval();         // GRADSYNC_RENDEZVOUS_REPORT_MS
 bool debug_collectives();                                       // GRADSYNC_DEBUG_COLLECTIVES
 bool verify_collectives();                                      // GRADSYNC_VERIFY_COLLECTIVES
+bool reproducible();                                            // GRADSYNC_REPRODUCIBLE
+bool reproducible_chain();                                      // GRADSYNC_REPRODUCIBLE_ALGORITHM == chain
 std::optional<std::string> gloo_host();                         // GRADSYNC_GLOO_HOST
 std::optional<std::string> gloo_store_dir();                    // GRADSYNC_GLOO_STORE_DIR
 std::optional<std::string> store_bind();                        // GRADSYNC_STORE_BIND

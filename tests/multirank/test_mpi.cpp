@@ -15,6 +15,7 @@
 #include "optimizers.h"
 #include "parameters.h"
 #include "ranks_on_device.h"
+#include "reproducible.h"
 #include "test_util.h"
 #include "zero.h"
 
@@ -88,6 +89,18 @@ TEST(NcclOverMpi, ARankThatSkipsACollectiveTimesOutAndAborts) {
   auto nccl = comm::nccl_communicator(world(), {.timeout = std::chrono::milliseconds(10000)}, -1);
   testing::a_rank_that_skips_a_collective(*nccl);
   world().barrier();  // the MPI world is untouched
+}
+
+// Reproducible mode over MPI: the same bits as the ascending-rank fold (and so as Gloo's), with
+// both algorithms, whatever Open MPI would have chosen; DataParallel's buckets do not matter.
+TEST(MpiReproducible, EveryReductionIsTheAscendingFold) {
+  for (const char* algorithm : {"owner", "chain"}) {
+    const testing::ScopedVariable variable("GRADSYNC_REPRODUCIBLE_ALGORITHM", algorithm);
+    auto comm = comm::mpi_world({.reproducible = true});
+    testing::reproducible_reductions(*comm, {0, 1, 7, 1000, 100003});
+    const auto runs = testing::train_with_three_bucket_caps(*comm);
+    EXPECT_TRUE(runs[0] == runs[1] && runs[0] == runs[2]) << algorithm << ": the bucket caps give other parameters";
+  }
 }
 
 // Runs last (gtest keeps declaration order): the mismatch leaves this communicator broken.

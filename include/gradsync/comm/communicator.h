@@ -49,6 +49,12 @@ struct CommOptions {
   std::chrono::milliseconds rendezvous_timeout{0};
   bool check_agreement = false;  // also on when GRADSYNC_DEBUG_COLLECTIVES=1
   bool verify = true;            // the cheap always-on check; off when GRADSYNC_VERIFY_COLLECTIVES=0
+  // Reproducible reductions (also on when GRADSYNC_REPRODUCIBLE=1): every element of every
+  // allreduce, reduce-scatter and coalesced allreduce is combined in ascending rank order,
+  // ((x0 + x1) + x2) + ..., so the bits depend only on the inputs: not on the bucket size, the
+  // algorithm or the backend (Gloo, MPI; NCCL refuses it). The same bytes on the wire as the
+  // ring; docs/communication.md has the algorithms and their cost. Duplicates inherit it.
+  bool reproducible = false;
 };
 
 // The timeout an operation gets when none is given: CommOptions, the environment, the default.
