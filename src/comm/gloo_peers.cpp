@@ -125,6 +125,20 @@ std::string PeerDirectory::explain(const std::string& message) const {
       const std::string rank_text = std::to_string(*vanished.begin());
       return message + " (the connection to rank " + rank_text + " is closed: the peer is rank " + rank_text + ")";
     }
+    // Several: one died, and the others failed because of it and left too (a ring waits on its
+    // neighbour, which is not the rank that died). Name them all: blaming only the one whose
+    // address Gloo printed would send the reader to a rank that merely followed.
+    if (vanished.size() > 1) {
+      const std::vector<int> peers(vanished.begin(), vanished.end());
+      std::string ranks;
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        if (i > 0) ranks += i + 1 == peers.size() ? " and " : ", ";
+        ranks += "rank " + std::to_string(peers[i]);
+      }
+      return message + " (the connections to " + ranks +
+             " are closed: one of them died and the others left after failing; their flight records say which "
+             "went first)";
+    }
   }
   for (std::size_t peer = 0; peer < peer_addresses_.size(); ++peer) {
     const std::string& address = peer_addresses_[peer];
@@ -136,11 +150,6 @@ std::string PeerDirectory::explain(const std::string& message) const {
     if (message.find(address) != std::string::npos) {
       return message + " (" + address + " is rank " + std::to_string(peer) + ")";
     }
-  }
-  if (!vanished.empty()) {  // several connections closed, and the address names none of them
-    std::string ranks;
-    for (const int peer : vanished) ranks += (ranks.empty() ? "rank " : " or rank ") + std::to_string(peer);
-    return message + " (connections closed: the peer is " + ranks + ")";
   }
   return message;
 }

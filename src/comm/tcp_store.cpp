@@ -90,14 +90,21 @@ std::shared_ptr<void> TcpStore::server() const { return server_; }
 
 // Connects and presents the token, retrying until the deadline while the server is not up yet
 // or full (it closes at once); a server that says the token is wrong ends it at once.
-void TcpStore::connect_until(Clock::time_point deadline) {
+void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
   std::string last_error = "no attempt";
   do {
     if (socket_ >= 0) {
       ::close(socket_);
       socket_ = -1;
     }
-    socket_ = connect_once(last_error);
+    bool refused = false;
+    socket_ = connect_once(last_error, refused);
+    // The server was up and stops listening only when it goes: rank 0 has ended or died. Waiting
+    // out the timeout would only delay the error (a peer that is merely slow still answers).
+    if (refused && reconnecting) {
+      detail::throw_error("tcp store at ", endpoint_, ": the store is gone (connection refused): rank 0, which serves ",
+                          "it, has ended or died");
+    }
     if (socket_ >= 0) {
       const std::string hello = store::encode_request(store::kHello, store::kHelloKey, token_);
       char ack = 2;
@@ -116,7 +123,8 @@ void TcpStore::connect_until(Clock::time_point deadline) {
                       timeout_.count(), " ms: ", last_error);
 }
 
-int TcpStore::connect_once(std::string& last_error) const {
+int TcpStore::connect_once(std::string& last_error, bool& refused) const {
+  refused = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -134,6 +142,7 @@ int TcpStore::connect_once(std::string& last_error) const {
       connected = fd;
     } else {
       last_error = std::strerror(errno);
+      refused = errno == ECONNREFUSED;
       ::close(fd);
     }
   }
@@ -152,7 +161,7 @@ int TcpStore::connect_once(std::string& last_error) const {
 
 bool TcpStore::exchange(const std::string& request, char& status, std::vector<char>* value) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (attempt > 0) connect_until(Clock::now() + timeout_);
+    if (attempt > 0) connect_until(Clock::now() + timeout_, /*reconnecting=*/true);
     bool ok = socket_ >= 0 && write_exact(socket_, request.data(), request.size()) && read_exact(socket_, &status, 1);
     if (ok && value != nullptr && status == 1) {
       unsigned char length_bytes[4];

@@ -31,6 +31,7 @@
 #include "models.h"
 #include "optimizers.h"
 #include "parameters.h"
+#include "peer_death.h"
 #include "ranks_on_device.h"
 #include "test_util.h"
 #include "zero.h"
@@ -341,46 +342,36 @@ TEST(DataParallelFailure, AutoCountsAWindowThatARankLeftByAnException) {
   });
 }
 
-// ---- a peer that dies in the middle of ZeRO's gathers or of a Join's shadow steps -----------
+// ---- a peer that dies in ZeRO's reduce-scatters and gathers, or in a Join's shadow steps ------
+// (the same loops run with processes that really die in tests/multirank/peer_death.cpp)
 
 // A rank that dies (its thread unwinds: its DataParallel, ZeroOptimizer and communicators go,
-// closing their connections) right before the step's gathers: every other rank's step fails
-// with an error naming the lost peer, well before the timeout, instead of waiting on a gather
-// that will never complete.
-TEST(PeerDeath, DuringZeroGathersIsAnErrorOnEveryOtherRankNotAHang) {
-  for (const int stage : {1, 2}) {
+// closing their connections) in the backward of stage 2 (the others in its reduce-scatters) or
+// before the step (the others in its gathers): every other rank fails with an error naming a
+// lost peer, well before the timeout, instead of waiting on a collective that never completes.
+TEST(PeerDeath, DuringZeroReduceScattersAndGathersIsAnErrorOnEveryOtherRankNotAHang) {
+  for (const auto& [stage, in_backward] : {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}}) {
+    const std::string where = "stage " + std::to_string(stage) + (in_backward ? ", in the backward" : ", in the step");
     PerRank survivors(3);
     const auto start = Clock::now();
     try {
       comm::run_gloo_thread_group(
           3,
           [&](Communicator& comm) {
-            testing::ShardModel model(DType::f32);
-            auto adam = testing::make_test_optimizer("adam", model.registry, testing::zero_settings("adam"));
-            dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
-            dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
-            for (int step = 0; step < 3; ++step) {
-              ddp.begin_backward();
-              model.backward(comm.rank(), step, 0, nullptr);
-              ddp.end_backward();
-              if (step == 2 && comm.rank() == 2) throw std::runtime_error("rank 2 died");
-              if (comm.rank() != 2 || step < 2) {
-                survivors.run(comm.rank(), [&] {
-                  zero.step();
-                  zero.zero_grad();
-                });
-                if (!survivors.message(comm.rank()).empty()) return;
-              }
-            }
+            survivors.run(comm.rank(), [&] {
+              testing::zero_training_with_a_death(comm, stage, in_backward, 2,
+                                                  [] { throw std::runtime_error("rank 2 died"); });
+            });
+            if (comm.rank() == 2) throw std::runtime_error(survivors.message(2));
           },
           {.timeout = 20000ms});
-      ADD_FAILURE() << "the dying rank's exception did not surface";
+      ADD_FAILURE() << where << ": the dying rank's exception did not surface";
     } catch (const std::runtime_error& error) {
-      EXPECT_STREQ(error.what(), "rank 2 died");
+      EXPECT_STREQ(error.what(), "rank 2 died") << where;
     }
-    EXPECT_LT(seconds_since(start), 15.0) << "stage " << stage << ": the survivors waited for the timeout";
+    EXPECT_LT(seconds_since(start), 15.0) << where << ": the survivors waited for the timeout";
     for (const int rank : {0, 1}) {
-      EXPECT_FALSE(survivors.message(rank).empty()) << "stage " << stage << ": rank " << rank << " did not fail";
+      EXPECT_FALSE(survivors.message(rank).empty()) << where << ": rank " << rank << " did not fail";
       EXPECT_NE(survivors.message(rank).find("rank "), std::string::npos) << survivors.message(rank);
     }
   }
@@ -395,22 +386,8 @@ TEST(PeerDeath, WhileARankShadowsInsideAJoinIsAnErrorNotAHang) {
     comm::run_gloo_thread_group(
         3,
         [&](Communicator& comm) {
-          testing::Regression model(64);
-          optim::SGD sgd(model.registry, optim::SGD::Options{.lr = 0.05, .momentum = 0.9, .dampening = 0.0,
-                                                             .weight_decay = 0.0, .nesterov = false, .maximize = false});
-          dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6});
-          const int batches = comm.rank() == 0 ? 1 : 4;
           survivors.run(comm.rank(), [&] {
-            dist::Join join(ddp, {}, &sgd);
-            for (int step = 0; step < batches; ++step) {
-              if (comm.rank() == 2 && step == 2) throw std::runtime_error("rank 2 died");
-              ddp.begin_backward();
-              model.backward(step * 4, step * 4 + 4);
-              ddp.end_backward();
-              sgd.step();
-              sgd.zero_grad();
-            }
-            join.join();
+            testing::join_training_with_a_death(comm, 2, [] { throw std::runtime_error("rank 2 died"); });
           });
           if (comm.rank() == 2) throw std::runtime_error(survivors.message(2));
         },

@@ -210,6 +210,31 @@ TEST(Store, ClientsReconnectAfterTheServerDropsThemIdle) {
   EXPECT_EQ(client.get("b"), std::vector<char>{'2'});
 }
 
+// Rank 0 dies while another rank waits in the store (a duplicate() meeting, a late rendezvous):
+// the waiting client fails promptly, naming the store, instead of waiting out its timeout; so
+// do its later requests.
+TEST(Store, AClientFailsPromptlyWhenTheServerDies) {
+  auto server = std::make_unique<Server>();
+  TcpStore client("127.0.0.1", server->port, false, 30000ms, "the-job-token");
+  client.set("here", {'1'});
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] {
+    try {
+      client.wait({"never-set"});
+    } catch (const Error& error) {
+      message = error.what();
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  server.reset();  // the server goes, as with its process: every connection closes
+  waiter.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << "the client waited for its timeout: " << message;
+  EXPECT_NE(message.find("tcp store at 127.0.0.1:"), std::string::npos) << message;
+  EXPECT_GRADSYNC_ERROR(client.get("here"), "tcp store at 127.0.0.1:");
+}
+
 // A real rendezvous of three ranks while a stranger floods the port with garbage.
 TEST(Store, ARendezvousCompletesDuringAFlood) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
