@@ -176,6 +176,5 @@ int main(int argc, char** argv) try {
   }
   return weight_error < 0.01 ? EXIT_SUCCESS : EXIT_FAILURE;
 } catch (const std::exception& error) {
-  std::fprintf(stderr, "bring_your_own_engine: %s\n", error.what());
-  return EXIT_FAILURE;
+  return comm::report_fatal_error("bring_your_own_engine", error);
 }

@@ -32,6 +32,7 @@
 #include <optional>
 
 #include "common/trainer_support.h"
+#include "gradsync/comm/connect.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/join.h"
 #include "gradsync/dist/zero.h"
@@ -163,6 +164,5 @@ int main(int argc, char** argv) try {
       }};
   return examples::run_training(*training, options, "digits_ddp", step, uneven);
 } catch (const std::exception& error) {
-  std::fprintf(stderr, "digits_ddp: %s\n", error.what());
-  return 1;
+  return comm::report_fatal_error("digits_ddp", error);
 }

@@ -21,6 +21,7 @@
 #include <cstdio>
 
 #include "common/trainer_support.h"
+#include "gradsync/comm/connect.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/clip.h"
@@ -95,6 +96,5 @@ int main(int argc, char** argv) try {
                                       }};
   return examples::run_training(*training, options, "horovod_style", step, uneven);
 } catch (const std::exception& error) {
-  std::fprintf(stderr, "horovod_style: %s\n", error.what());
-  return 1;
+  return comm::report_fatal_error("horovod_style", error);
 }

@@ -18,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 packages=(meson ninja-build pkg-config cmake g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
           libopenmpi-dev openmpi-bin libgloo-dev python3 clang libclang-rt-14-dev)
 if [[ "${1:-}" == "--with-reference" ]]; then
-  packages+=(python3-torch python3-numpy python3-pip)
+  packages+=(python3-torch python3-numpy python3-pip python3-venv)
 fi
 
 missing=()

@@ -12,6 +12,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # files with it; without network it cannot be installed, and that test skips and says why.
 scripts/setup.sh --with-reference ||
   { echo "== the reference library could not be installed; the interop test will skip"; scripts/setup.sh; }
+# The real torchrun and torch's own TCPStore for the torchrun test: a cached venv with torch from
+# PyPI (scripts/torch_env.sh: about 2 GB, once); without it that test skips and says why.
+scripts/torch_env.sh >/dev/null || echo "== PyTorch could not be installed from PyPI; the torchrun test will skip"
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="/usr/local/cuda/bin:$PATH"
 status=0
 meson test -C build --print-errorlogs "$@" || status=$?

@@ -3,10 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <optional>
+#include <tuple>
 #include <random>
 #include <chrono>
 #include <thread>
@@ -223,6 +228,53 @@ Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, o
   return progress;
 }
 
+std::string latest_checkpoint(const std::string& folder) {
+  std::ifstream in(std::filesystem::path(folder) / "latest");
+  std::string name;
+  if (!(in >> name)) return "";
+  const std::filesystem::path path = std::filesystem::path(folder) / name;
+  GRADSYNC_CHECK(std::filesystem::exists(path), folder, "/latest names ", name, ", which is not there");
+  return path.string();
+}
+
+namespace {
+
+// A checkpoint into the folder: every rank takes part (ZeRO gathers the optimizer state), rank 0
+// writes step_<N>.safetensors (atomically), then renames a new `latest` into place, then removes
+// all but the two newest; the barrier makes it complete before any rank goes on. A kill at any
+// moment leaves `latest` naming a whole checkpoint.
+void checkpoint_into_folder(Training& t, const TrainerOptions& options) {
+  const OptimizerCheckpoint optimizer_state = t.optimizer_checkpoint
+                                                  ? t.optimizer_checkpoint()
+                                                  : OptimizerCheckpoint{t.optimizer->state_tensors(),
+                                                                        t.optimizer->state_metadata()};
+  if (t.comm->rank() == 0) {
+    namespace fs = std::filesystem;
+    const fs::path folder(options.checkpoint_dir);
+    fs::create_directories(folder);
+    const std::string name = "step_" + std::to_string(t.progress.global_step) + ".safetensors";
+    save_checkpoint((folder / name).string(), t.registry, optimizer_state, t.progress, t.scaler.get());
+    {
+      std::ofstream out(folder / "latest.partial");
+      out << name << "\n";
+      GRADSYNC_CHECK(out.good(), "cannot write ", (folder / "latest.partial").string());
+    }
+    fs::rename(folder / "latest.partial", folder / "latest");
+    std::vector<std::pair<std::int64_t, fs::path>> steps;
+    for (const fs::directory_entry& entry : fs::directory_iterator(folder)) {
+      const std::string file = entry.path().filename().string();
+      if (file.starts_with("step_") && file.ends_with(".safetensors")) {
+        steps.emplace_back(std::stoll(file.substr(5, file.size() - 5 - 12)), entry.path());
+      }
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(steps[i].second);
+  }
+  t.comm->barrier();
+}
+
+}  // namespace
+
 Metrics::Metrics(const std::string& path, bool writer) {
   if (path.empty() || !writer) return;
   file_ = std::fopen(path.c_str(), "w");
@@ -285,7 +337,27 @@ const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
   --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet
   --stragglers N (every N steps: the rank the others waited for, from the flight records)   --delay-rank R:MS
-  --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs))";
+  --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs)
+  --checkpoint-dir D --checkpoint-every N (a checkpoint every N steps and at the end, D/latest naming it; a run
+    with D resumes from D/latest by itself: restarts under torchrun --max-restarts)
+  --kill-rank R:STEP (fault injection: rank R SIGKILLs itself after step STEP, in the first attempt only))";
+
+namespace {
+
+// A flag of the form RANK:NUMBER (--delay-rank, --kill-rank); nullopt when it is not given.
+std::optional<std::pair<int, std::int64_t>> rank_and_number(Flags& flags, const char* flag, const char* number) {
+  const std::string text = flags.text(flag, "");
+  if (text.empty()) return std::nullopt;
+  const std::size_t colon = text.find(':');
+  try {
+    GRADSYNC_CHECK(colon != std::string::npos, "");
+    return std::pair<int, std::int64_t>(std::stoi(text.substr(0, colon)), std::stoll(text.substr(colon + 1)));
+  } catch (const std::exception&) {
+    detail::throw_error(flag, " wants RANK:", number, ", got '", text, "'");
+  }
+}
+
+}  // namespace
 
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
   TrainerOptions o;
@@ -315,16 +387,8 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.metrics = flags.text("--metrics", "");
   o.stragglers = flags.integer("--stragglers", 0);
   GRADSYNC_CHECK(o.stragglers >= 0, "--stragglers ", o.stragglers, " must not be negative");
-  const std::string delay = flags.text("--delay-rank", "");
-  if (!delay.empty()) {
-    const std::size_t colon = delay.find(':');
-    try {
-      GRADSYNC_CHECK(colon != std::string::npos, "");
-      o.delay_rank = std::stoi(delay.substr(0, colon));
-      o.delay_ms = std::stoi(delay.substr(colon + 1));
-    } catch (const std::exception&) {
-      detail::throw_error("--delay-rank wants RANK:MILLISECONDS, got '", delay, "'");
-    }
+  if (const auto delay = rank_and_number(flags, "--delay-rank", "MILLISECONDS")) {
+    std::tie(o.delay_rank, o.delay_ms) = std::pair<int, int>(delay->first, static_cast<int>(delay->second));
   }
   o.min_accuracy = flags.number("--min-accuracy", -1);
   o.check_replicas = flags.flag("--check-replicas");
@@ -334,6 +398,13 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
                  "numbers of steps would stop in different epochs (use --epochs)");
   GRADSYNC_CHECK(!(o.uneven && o.stragglers > 0), "--uneven does not combine with --stragglers: its summary is a ",
                  "collective every N steps, and ranks with uneven inputs take different numbers of steps");
+  o.checkpoint_dir = flags.text("--checkpoint-dir", "");
+  o.checkpoint_every = flags.integer("--checkpoint-every", 0);
+  GRADSYNC_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every, " must not be negative");
+  GRADSYNC_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
+  GRADSYNC_CHECK(!(o.uneven && o.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks with ",
+                 "uneven inputs reach a step count at different times (checkpoints are written at the end of each run)");
+  if (const auto kill = rank_and_number(flags, "--kill-rank", "STEP")) std::tie(o.kill_rank, o.kill_step) = *kill;
   o.precision = flags.text("--precision", "f32");
   GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
                  ": expected f32, bf16 or fp16");
@@ -393,9 +464,12 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
     io::load_registry(t->registry, options.init, {.convert_dtypes = true});
     t->optimizer->load_master_weights(io::SafetensorsReader(options.init));
   }
-  if (!options.resume.empty()) {
-    t->progress = load_checkpoint(options.resume, t->registry, *t->optimizer, t->scaler.get());
+  std::string resume = options.resume;
+  if (resume.empty() && !options.checkpoint_dir.empty()) {
+    resume = latest_checkpoint(options.checkpoint_dir);
+    if (!resume.empty() && t->comm->rank() == 0 && !options.quiet) std::printf("resuming from %s\n", resume.c_str());
   }
+  if (!resume.empty()) t->progress = load_checkpoint(resume, t->registry, *t->optimizer, t->scaler.get());
   return t;
 }
 
@@ -453,6 +527,18 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
           std::printf("step %lld: %s\n", static_cast<long long>(t.progress.global_step), report.line().c_str());
         }
       }
+      if (options.checkpoint_every > 0 && t.progress.global_step % options.checkpoint_every == 0) {
+        checkpoint_into_folder(t, options);
+      }
+      if (rank == options.kill_rank && t.progress.global_step == options.kill_step) {
+        const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+        if (attempt == nullptr || std::string(attempt) == "0") {
+          std::fprintf(stderr, "%s: rank %d kills itself after step %lld (--kill-rank)\n", name.c_str(), rank,
+                       static_cast<long long>(t.progress.global_step));
+          std::fflush(stderr);
+          std::raise(SIGKILL);
+        }
+      }
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
         break;
@@ -488,6 +574,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     }
   }
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
+  if (!options.checkpoint_dir.empty()) checkpoint_into_folder(t, options);
   if (!options.save.empty()) {
     // Every rank takes part (ZeRO gathers the pieces of the optimizer state); rank 0 writes.
     const OptimizerCheckpoint optimizer_state = t.optimizer_checkpoint

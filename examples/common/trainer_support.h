@@ -110,6 +110,8 @@ void save_checkpoint(const std::string& path, const ParameterRegistry& registry,
                      const Progress& progress, const optim::GradScaler* scaler = nullptr);
 Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
                          optim::GradScaler* scaler = nullptr);
+// The checkpoint a folder's `latest` names; empty when the folder has none yet.
+std::string latest_checkpoint(const std::string& folder);
 
 // One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
 // the path is empty; only rank 0 writes.
@@ -146,6 +148,13 @@ struct TrainerOptions {
   int delay_rank = -1;          // --delay-rank R:MS: slow rank R by MS per step (to see --stragglers name it)
   int delay_ms = 0;
   bool uneven = false;  // --uneven: rank r trains on (2W - r) / 2W of its shard each epoch, then joins
+  // Restarts (torchrun --max-restarts): every N steps a checkpoint in the folder, named by its
+  // step, then the folder's `latest` pointer renamed into place; a run with the folder resumes
+  // from `latest` by itself.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int kill_rank = -1;  // --kill-rank R:STEP: rank R SIGKILLs itself after step STEP, first attempt only
+  std::int64_t kill_step = 0;
 };
 // `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag);

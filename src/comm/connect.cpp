@@ -26,6 +26,9 @@ std::unique_ptr<Communicator> gloo_from_environment(const CommOptions& options) 
   GRADSYNC_CHECK(launch.size == 1 || launch.port > 0, "rank ", launch.rank, " of ", launch.size, " (launched by ",
                  launch.launcher, "): set MASTER_PORT (and MASTER_ADDR, default 127.0.0.1) for the Gloo TCP "
                  "rendezvous, or GRADSYNC_GLOO_STORE_DIR for a shared folder");
+  if (launch.torch_store) {
+    return gloo_torch_store(launch.host, launch.port, launch.rank, launch.size, launch.store_prefix, options);
+  }
   return gloo_tcp_store(launch.host, launch.port, launch.rank, launch.size, options);
 }
 
@@ -127,6 +130,13 @@ LaunchEnvironment launch_from_environment() {
   GRADSYNC_CHECK(launch.size >= 1 && launch.rank < launch.size, "rank ", launch.rank, " is outside a world of ",
                  launch.size, " (launched by ", launch.launcher, ")");
   launch.local_rank = local_rank_from_environment(0);
+  // Under torchrun every attempt of the group meets under its own prefix: a restarted group never
+  // reads what the previous attempt wrote into the agent's store (which outlives it).
+  launch.torch_store = environment::torch_store();
+  if (launch.torch_store) {
+    launch.store_prefix = "/gradsync/" + launcher("TORCHELASTIC_RUN_ID").value_or("none") + "/" +
+                          launcher("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/";
+  }
   return launch;
 }
 
@@ -162,7 +172,17 @@ std::string choose_backend(std::string_view backend, Device device) {
 
 std::unique_ptr<Communicator> connect(std::string_view backend, Device device, const CommOptions& options) {
   const std::string chosen = choose_backend(backend, device);
-  if (chosen == "mpi") return mpi_world(options);
+  if (chosen == "mpi") {
+    auto world = mpi_world(options);
+    // MPI's ranks come from mpirun (or srun --mpi): a process that torchrun started is an MPI
+    // world of its own, and would train alone while believing it trains with the others.
+    const int launched_world = environment::launcher_integer("WORLD_SIZE", 0);
+    GRADSYNC_CHECK(launched_world <= 1 || launched_world == world->size(), "backend mpi: this process is rank ",
+                   environment::launcher_integer("RANK", 0), " of ", launched_world, " (WORLD_SIZE, from torchrun or a ",
+                   "launcher like it) but MPI sees a world of ", world->size(),
+                   ": MPI ranks come from mpirun; under torchrun use the gloo backend (auto chooses it)");
+    return world;
+  }
   if (chosen == "gloo") return gloo_from_environment(options);
   // NCCL: a CPU communicator carries the unique id, then is no longer needed. Each rank takes
   // the GPU of its local rank (one GPU holds one NCCL rank), whatever index `device` names:

@@ -19,6 +19,7 @@
 #include "core/environment.h"
 #include "gradsync/comm/gloo.h"
 #include "tcp_store.h"
+#include "torch_store.h"
 
 namespace gradsync::comm {
 
@@ -212,6 +213,15 @@ std::unique_ptr<Communicator> gloo_tcp_store(const std::string& host, int port, 
   Rendezvous rendezvous = rendezvous_through(store, "the TCP store at " + host + ":" + std::to_string(port), options);
   rendezvous.keepalive = store->server();
   return meet(std::move(rendezvous), rank, size, options, /*barrier_after=*/true);
+}
+
+std::unique_ptr<Communicator> gloo_torch_store(const std::string& host, int port, int rank, int size,
+                                               const std::string& prefix, const CommOptions& options) {
+  GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_torch_store: rank ", rank, " is outside a world of ", size);
+  const auto timeout = resolve_rendezvous_timeout(options.rendezvous_timeout, options.timeout);
+  auto store = std::make_shared<TorchStore>(host, port, timeout, prefix);
+  return meet(rendezvous_through(store, "the PyTorch TCPStore at " + host + ":" + std::to_string(port), options), rank,
+              size, options, /*barrier_after=*/false);
 }
 
 }  // namespace gradsync::comm

@@ -17,6 +17,7 @@
 
 #include "core/environment.h"
 #include "gradsync/core/error.h"
+#include "socket_io.h"
 #include "store_protocol.h"
 
 namespace gradsync::comm {
@@ -24,33 +25,6 @@ namespace gradsync::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Reads or writes exactly n bytes on a blocking socket; false on end of stream, error or the
-// socket's timeout (SO_RCVTIMEO / SO_SNDTIMEO).
-bool read_exact(int fd, void* data, std::size_t n) {
-  auto* bytes = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t got = ::recv(fd, bytes, n, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    bytes += got;
-    n -= static_cast<std::size_t>(got);
-  }
-  return true;
-}
-
-bool write_exact(int fd, const void* data, std::size_t n) {
-  const auto* bytes = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t put = ::send(fd, bytes, n, MSG_NOSIGNAL);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    bytes += put;
-    n -= static_cast<std::size_t>(put);
-  }
-  return true;
-}
-
 
 // FNV-1a over `text`, from `seed`: the token's digest (not a secret hash: the secret is the job
 // id it digests; the digest only gives every token one length).
@@ -98,7 +72,7 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
       socket_ = -1;
     }
     bool refused = false;
-    socket_ = connect_once(last_error, refused);
+    socket_ = connect_tcp(host_, port_, timeout_, last_error, refused);
     // The server was up and stops listening only when it goes: rank 0 has ended or died. Waiting
     // out the timeout would only delay the error (a peer that is merely slow still answers).
     if (refused && reconnecting) {
@@ -123,41 +97,6 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
                       timeout_.count(), " ms: ", last_error);
 }
 
-int TcpStore::connect_once(std::string& last_error, bool& refused) const {
-  refused = false;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int status = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &found);
-  if (status != 0) {
-    last_error = std::string("cannot resolve host: ") + gai_strerror(status);
-    return -1;
-  }
-  int connected = -1;
-  for (addrinfo* candidate = found; candidate != nullptr && connected < 0; candidate = candidate->ai_next) {
-    const int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, candidate->ai_addr, candidate->ai_addrlen) == 0) {
-      connected = fd;
-    } else {
-      last_error = std::strerror(errno);
-      refused = errno == ECONNREFUSED;
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(found);
-  if (connected < 0) return -1;
-  const int on = 1;
-  ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  // A server that stops answering fails a request after the timeout, never hangs it.
-  timeval limit{};
-  limit.tv_sec = static_cast<time_t>(timeout_.count() / 1000);
-  limit.tv_usec = static_cast<suseconds_t>((timeout_.count() % 1000) * 1000);
-  ::setsockopt(connected, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  ::setsockopt(connected, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
-  return connected;
-}
 
 bool TcpStore::exchange(const std::string& request, char& status, std::vector<char>* value) {
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -77,7 +77,6 @@ class TcpStore final : public gloo::rendezvous::Store {
   // Connects, retrying until `deadline` (rank 0 may not listen yet); when `reconnecting` (the
   // server was reached before), a refused connection fails at once: the server is gone.
   void connect_until(std::chrono::steady_clock::time_point deadline, bool reconnecting = false);
-  int connect_once(std::string& last_error, bool& refused) const;
   // One request and its response; reconnects once when the connection was closed (the server
   // drops idle connections), so a request fails only when the server is gone.
   bool exchange(const std::string& request, char& status, std::vector<char>* value);

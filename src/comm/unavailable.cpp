@@ -18,6 +18,9 @@ std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path&, int,
 std::unique_ptr<Communicator> gloo_tcp_store(const std::string&, int, int, int, const CommOptions&) {
   detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
 }
+std::unique_ptr<Communicator> gloo_torch_store(const std::string&, int, int, int, const std::string&, const CommOptions&) {
+  detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
+}
 #endif
 
 #if !GRADSYNC_WITH_MPI

@@ -50,6 +50,10 @@ constexpr std::array kKnobs{
          "the secret every rank presents to the rendezvous store, the same on every rank (scripts/launch.sh sets a "
          "random one); unset: derived from the launcher's job id and the rendezvous",
          "comm (Gloo's TCP store)"},
+    Knob{"GRADSYNC_TORCH_STORE", "under torchrun's agent store",
+         "1: the store at MASTER_ADDR:MASTER_PORT is a PyTorch TCPStore that something else serves, and every rank is "
+         "its client (the default when torchrun sets TORCHELASTIC_USE_AGENT_STORE=True); 0: rank 0 serves gradsync's own",
+         "comm (Gloo's rendezvous)"},
     Knob{"GRADSYNC_FLIGHT_RECORDER", "1024",
          "operations each communicator remembers for post-mortems (0: none)", "comm (flight recorder)"},
     Knob{"GRADSYNC_FLIGHT_RECORDER_DIR", "unset",
@@ -161,6 +165,10 @@ std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST");
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
 std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }
 std::optional<std::string> store_token() { return text_knob("GRADSYNC_STORE_TOKEN"); }
+bool torch_store() {
+  if (is_set("GRADSYNC_TORCH_STORE")) return switch_knob("GRADSYNC_TORCH_STORE", false);
+  return text_knob("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+}
 
 std::size_t flight_recorder_entries() {
   return static_cast<std::size_t>(whole_number("GRADSYNC_FLIGHT_RECORDER", 0, 1 << 20, "operations").value_or(1024));

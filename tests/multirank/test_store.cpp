@@ -13,6 +13,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -20,6 +22,7 @@
 
 #include "comm/store_protocol.h"
 #include "comm/tcp_store.h"
+#include "comm/torch_store.h"
 #include "gradsync/comm/gloo.h"
 #include "test_util.h"
 
@@ -312,6 +315,172 @@ TEST(StoreProtocol, RandomAndMutatedRequests) {
     ++runs;
   }
   EXPECT_GT(runs, 1000);
+}
+
+// ---- The client of PyTorch's TCPStore against servers that answer wrong ----------------------
+// (Against torch's real servers and torchrun: tests/multirank/torch_store.sh.)
+
+// A one-connection server on loopback that plays `script` with the client: it reads what the
+// client sends and answers with whatever `script` returns for the bytes received so far.
+class ScriptedServer {
+ public:
+  // `reply(request_bytes_so_far)`: the bytes to send now ("" to keep reading), or nullopt to
+  // close the connection.
+  using Script = std::function<std::optional<std::string>(const std::string&)>;
+  explicit ScriptedServer(Script script) : script_(std::move(script)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    ::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    ::listen(listener_, 4);
+    socklen_t length = sizeof address;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ScriptedServer() {
+    stop_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    ::close(listener_);
+    thread_.join();
+  }
+  int port = 0;
+
+ private:
+  void serve() {
+    const int fd = ::accept(listener_, nullptr, nullptr);
+    if (fd < 0) return;
+    timeval tick{0, 20000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof tick);
+    std::string received;
+    while (!stop_) {
+      char buffer[4096];
+      const ssize_t got = ::recv(fd, buffer, sizeof buffer, 0);
+      if (got == 0) break;
+      if (got > 0) received.append(buffer, static_cast<std::size_t>(got));
+      const std::optional<std::string> reply = script_(received);
+      if (!reply) break;
+      send_all(fd, *reply);
+    }
+    ::close(fd);
+  }
+  Script script_;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The validate (5 bytes) and ping (5 bytes) every connection opens with; the ping's nonce is
+// its last 4 bytes, which a real server echoes.
+constexpr std::size_t kOpening = 10;
+std::string echo_ping(const std::string& received) { return received.substr(6, 4); }
+
+TEST(TorchStoreClient, HostileRepliesAreErrorsNamingTheStore) {
+  const auto limit = 1500ms;
+  const std::vector<std::pair<std::string, ScriptedServer::Script>> cases = {
+      {"closes at once", [](const std::string&) -> std::optional<std::string> { return std::nullopt; }},
+      {"a changed nonce",
+       [](const std::string& in) -> std::optional<std::string> {
+         return in.size() >= kOpening ? std::optional<std::string>("\x01\x02\x03\x04") : "";
+       }},
+      {"a short ping reply then silence",
+       [sent = false](const std::string& in) mutable -> std::optional<std::string> {
+         if (in.size() < kOpening || sent) return "";
+         sent = true;
+         return echo_ping(in).substr(0, 2);
+       }},
+  };
+  for (const auto& [what, script] : cases) {
+    ScriptedServer server(script);
+    const auto start = std::chrono::steady_clock::now();
+    SCOPED_TRACE(what);
+    EXPECT_GRADSYNC_ERROR(comm::TorchStore("127.0.0.1", server.port, limit, "/p/"), "torch store at 127.0.0.1:");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << what;
+  }
+
+  // After a good opening, replies to get that lie about their length, stall, or are not the
+  // protocol's: each an error naming the store and the request.
+  const auto after_opening = [](std::function<std::optional<std::string>(const std::string&)> then) {
+    // `then` sees each request's bytes once (the client writes a request in one piece).
+    return [then, seen = std::size_t{0}](const std::string& in) mutable -> std::optional<std::string> {
+      if (seen == 0) {
+        if (in.size() < kOpening) return "";
+        seen = kOpening;
+        return echo_ping(in);
+      }
+      const std::string fresh = in.substr(seen);
+      seen = in.size();
+      return then(fresh);
+    };
+  };
+  const std::vector<std::tuple<std::string, ScriptedServer::Script, std::string>> requests = {
+      {"a wait answered 7", after_opening([](const std::string& in) -> std::optional<std::string> {
+         return in.empty() ? "" : std::string("\x07");
+       }),
+       "not the protocol's"},
+      {"a value of 2^62 bytes", after_opening([](const std::string& in) -> std::optional<std::string> {
+         if (in.empty()) return "";
+         if (in[0] == 6) return std::string(1, '\0');  // the wait: the key is there
+         std::string huge(8, '\0');
+         huge[7] = 0x40;
+         return huge;
+       }),
+       "claims"},
+      {"a value cut short", after_opening([](const std::string& in) -> std::optional<std::string> {
+         if (in.empty()) return "";
+         if (in[0] == 6) return std::string(1, '\0');
+         return std::optional<std::string>();  // closes before any length
+       }),
+       "no complete reply"},
+  };
+  for (const auto& [what, script, fragment] : requests) {
+    ScriptedServer server(script);
+    comm::TorchStore client("127.0.0.1", server.port, limit, "/p/");
+    const auto start = std::chrono::steady_clock::now();
+    SCOPED_TRACE(what);
+    EXPECT_GRADSYNC_ERROR(client.get("key"), "torch store at 127.0.0.1:", fragment);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << what;
+  }
+}
+
+// Random replies after the opening: every request ends in a value or an error, within the
+// timeout, and never in a crash.
+TEST(TorchStoreClient, RandomRepliesNeverCrashOrHang) {
+  std::mt19937 random(1234);
+  for (int round = 0; round < 40; ++round) {
+    const std::uint32_t seed = random();
+    ScriptedServer server([seed, opened = false, replied = std::size_t{0}](const std::string& in) mutable
+                          -> std::optional<std::string> {
+      if (!opened) {
+        if (in.size() < kOpening) return "";
+        opened = true;
+        return echo_ping(in);
+      }
+      if (in.size() <= kOpening + replied) return "";
+      replied = in.size() - kOpening;
+      std::mt19937 bytes(seed + static_cast<std::uint32_t>(replied));
+      if (bytes() % 5 == 0) return std::nullopt;  // hang up
+      std::string reply(bytes() % 24, '\0');
+      for (char& c : reply) c = static_cast<char>(bytes() % 4 == 0 ? bytes() : bytes() % 3);  // mostly small
+      return reply;
+    });
+    comm::TorchStore client("127.0.0.1", server.port, 300ms, "/p/");
+    const auto start = std::chrono::steady_clock::now();
+    for (int request = 0; request < 4; ++request) {
+      try {
+        if (request % 2 == 0) {
+          (void)client.get("k");
+        } else {
+          client.wait({"a", "b"}, 100ms);
+        }
+      } catch (const Error& error) {
+        EXPECT_NE(std::string(error.what()).find("torch store at"), std::string::npos) << error.what();
+        break;  // the connection is in an unknown state after an error: a real caller gives up too
+      }
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "round " << round;
+  }
 }
 
 TEST(StoreProtocol, TokensCompareAlike) {

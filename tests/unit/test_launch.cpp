@@ -33,7 +33,8 @@ class Environment {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GRADSYNC_GLOO_STORE_DIR",
       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_NODELIST",
       "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMIX_RANK",
-      "MPI_LOCALNRANKS", "MPI_LOCALRANKID"};
+      "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_RESTART_COUNT", "GRADSYNC_TORCH_STORE"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -98,6 +99,35 @@ TEST(Launch, TorchrunVariablesTakePrecedenceOverSlurm) {
   EXPECT_EQ(launch.local_rank, 3);
   EXPECT_EQ(launch.host, "h0");
   EXPECT_EQ(launch.port, 29400);
+}
+
+// Under torchrun's agent store every rank is a client of it, each attempt under its own prefix;
+// GRADSYNC_TORCH_STORE says so for any TCPStore, or overrides.
+TEST(Launch, TorchrunsAgentStoreIsUsedWithAPrefixPerAttempt) {
+  {
+    Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "job7"},
+                     {"TORCHELASTIC_RESTART_COUNT", "2"}});
+    const comm::LaunchEnvironment launch = comm::launch_from_environment();
+    EXPECT_TRUE(launch.torch_store);
+    EXPECT_EQ(launch.store_prefix, "/gradsync/job7/2/");
+  }
+  {
+    Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+    EXPECT_FALSE(comm::launch_from_environment().torch_store);
+  }
+  {
+    Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"GRADSYNC_TORCH_STORE", "0"}});
+    EXPECT_FALSE(comm::launch_from_environment().torch_store);
+  }
+  {
+    Environment env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}, {"GRADSYNC_TORCH_STORE", "1"}});
+    const comm::LaunchEnvironment launch = comm::launch_from_environment();
+    EXPECT_TRUE(launch.torch_store);
+    EXPECT_EQ(launch.store_prefix, "/gradsync/none/0/");
+  }
 }
 
 TEST(Launch, NothingSetIsAWorldOfOne) {

@@ -16,6 +16,7 @@
 // several, with mpirun, scripts/launch.sh, torchrun and srun.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -54,8 +55,18 @@ struct LaunchEnvironment {
   std::string host;      // rendezvous host (rank 0's machine)
   int port = 0;          // rendezvous port; 0 when unknown
   std::string store_dir; // GRADSYNC_GLOO_STORE_DIR, when set
+  // The store at host:port is a PyTorch TCPStore served by someone else (torchrun's agent):
+  // every rank is its client, under `store_prefix` (run id and restart count).
+  bool torch_store = false;
+  std::string store_prefix;
 };
 LaunchEnvironment launch_from_environment();
+
+// A process that ends on an error tells its launcher why: prints "program: message" to stderr
+// and, under torchrun (TORCHELASTIC_ERROR_FILE), writes the message in torchelastic's error-file
+// format, so that torchrun's failure summary shows it instead of "error_file: <N/A>". Returns the
+// exit status to end with (1). The example trainers end every failure through it.
+int report_fatal_error(const char* program, const std::exception& error);
 
 // The first host of a Slurm host list, as scontrol would expand it: "node[01-04,07],gpu5" ->
 // "node01", "rack[1-2]-n[3-4]" -> "rack1-n3", "login1" -> "login1". Malformed lists (unbalanced
