@@ -4,12 +4,13 @@
 // What it demonstrates, in the order a step runs:
 //   1. comm::connect picks the backend from the launch (mpirun -> MPI, torchrun-style
 //      variables -> Gloo, --device cuda with GPUs -> NCCL), or --backend names it
-//      (prepare_training in common/, with the data, this rank's shard and the MLP).
+//      (prepare_training in common/, with the data, the batch arithmetic and the MLP).
 //   2. nn::prepare_ddp_module wraps the model when there is more than one rank (Composer's
 //      rule); the wrapper checks that every rank holds the same parameters and broadcasts rank
 //      0's weights.
-//   3. Each rank reads its own shard. A global batch of --batch samples is --batch/W per
-//      rank, cut into --microbatches microbatches; the loss gradient of each is scaled so that
+//   3. Each rank reads its slice of every global batch (common/: epoch_order, by global sample
+//      index, so that a run resumed on another number of ranks reads on where it stopped). A
+//      global batch of --batch samples is --batch/W per rank, cut into --microbatches microbatches; the loss gradient of each is scaled so that
 //      the accumulated gradient is the mean over the rank's samples, and DDP's average over
 //      ranks makes it the mean over the global batch.
 //   4. Each microbatch runs inside nn::SyncContext with the chosen strategy (single, multi,

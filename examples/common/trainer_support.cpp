@@ -125,22 +125,21 @@ Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, boo
   return split;
 }
 
-std::vector<std::int64_t> shard(const std::vector<std::int64_t>& train, int rank, int world) {
+std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& train, std::uint64_t seed, int epoch, int rank,
+                                      int world, std::int64_t local_batch, bool shuffle) {
+  std::vector<std::int64_t> global = train;
+  if (shuffle) {
+    std::mt19937_64 generator(seed * 1000003u + static_cast<std::uint64_t>(epoch) * 7919u);
+    std::shuffle(global.begin(), global.end(), generator);
+  }
+  const auto batch = static_cast<std::size_t>(local_batch);
+  const std::size_t global_batch = batch * static_cast<std::size_t>(world);
   std::vector<std::int64_t> mine;
-  for (std::size_t i = static_cast<std::size_t>(rank); i < train.size(); i += static_cast<std::size_t>(world)) {
-    mine.push_back(train[i]);
+  for (std::size_t begin = 0; begin + global_batch <= global.size(); begin += global_batch) {
+    const auto slice = global.begin() + static_cast<std::ptrdiff_t>(begin + batch * static_cast<std::size_t>(rank));
+    mine.insert(mine.end(), slice, slice + static_cast<std::ptrdiff_t>(batch));
   }
   return mine;
-}
-
-std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& shard, std::uint64_t seed, int epoch, int rank,
-                                      bool shuffle) {
-  std::vector<std::int64_t> order = shard;
-  if (shuffle) {
-    std::mt19937_64 generator(seed * 1000003u + static_cast<std::uint64_t>(epoch) * 7919u + static_cast<std::uint64_t>(rank));
-    std::shuffle(order.begin(), order.end(), generator);
-  }
-  return order;
 }
 
 Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
@@ -207,6 +206,7 @@ void save_checkpoint(const std::string& path, const ParameterRegistry& registry,
   metadata["epoch"] = std::to_string(progress.epoch);
   metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
   metadata["global_step"] = std::to_string(progress.global_step);
+  metadata["global_batch"] = std::to_string(progress.global_batch);
   if (scaler != nullptr) metadata.merge(scaler->state_metadata());
   io::save_safetensors(path, tensors, metadata);
 }
@@ -222,6 +222,7 @@ Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, o
     progress.epoch = std::stoi(metadata.at("epoch"));
     progress.step_in_epoch = std::stoll(metadata.at("step_in_epoch"));
     progress.global_step = std::stoll(metadata.at("global_step"));
+    if (metadata.contains("global_batch")) progress.global_batch = std::stoll(metadata.at("global_batch"));
   } catch (const std::exception&) {
     detail::throw_error(path, ": no training progress in its metadata (epoch, step_in_epoch, global_step)");
   }
@@ -428,21 +429,34 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);
   t->split = split_dataset(t->data, options.holdout, options.seed, options.shuffle);
-  // The global batch is split evenly over ranks and passes. A --batch that does not split is an
-  // error (a resumed run must keep its global batch); the default is rounded down to one that
-  // does, saying so, so that the trainers run on any number of ranks as they are.
+  // The checkpoint to resume from: --resume, else the latest of --checkpoint-dir (restarts).
+  std::string resume = options.resume;
+  if (resume.empty() && !options.checkpoint_dir.empty()) resume = latest_checkpoint(options.checkpoint_dir);
+  // The global batch is split evenly over ranks and passes. A resumed run keeps the one it was
+  // trained with, whatever the number of ranks now (it must split evenly over them); a --batch
+  // that does not split is an error; the default is rounded down to one that does, saying so,
+  // so that the trainers run on any number of ranks as they are.
   const std::int64_t unit = world * options.passes;
+  std::int64_t resumed_batch = 0;
+  if (!resume.empty()) {
+    const io::Metadata metadata = io::SafetensorsReader(resume).metadata();
+    if (metadata.contains("global_batch")) resumed_batch = std::stoll(metadata.at("global_batch"));
+  }
+  GRADSYNC_CHECK(resumed_batch == 0 || !options.batch_given || options.batch == resumed_batch, "--batch ", options.batch,
+                 ": ", resume, " was trained with a global batch of ", resumed_batch, ", which a resumed run keeps");
+  GRADSYNC_CHECK(resumed_batch == 0 || resumed_batch % unit == 0, resume, " was trained with a global batch of ",
+                 resumed_batch, ", which does not split evenly into ", world, " ranks x ", options.passes,
+                 " passes: resume on a number of ranks that divides it");
   GRADSYNC_CHECK(options.batch % unit == 0 || !options.batch_given, "--batch ", options.batch, " must divide into ",
                  world, " ranks x ", options.passes, " passes");
-  const std::int64_t batch = std::max(unit, options.batch / unit * unit);
-  if (batch != options.batch && t->comm->rank() == 0 && !options.quiet) {
+  const std::int64_t batch = resumed_batch > 0 ? resumed_batch : std::max(unit, options.batch / unit * unit);
+  if (batch != options.batch && resumed_batch == 0 && t->comm->rank() == 0 && !options.quiet) {
     std::printf("note: the default global batch %lld is %lld here (%d ranks x %lld passes x %lld); --batch sets it\n",
                 static_cast<long long>(options.batch), static_cast<long long>(batch), world,
                 static_cast<long long>(options.passes), static_cast<long long>(batch / unit));
   }
   t->local_batch = batch / world;
   t->micro = t->local_batch / options.passes;
-  t->shard = shard(t->split.train, t->comm->rank(), world);
   t->steps_per_epoch = static_cast<std::int64_t>(t->split.train.size()) / world / t->local_batch;
   GRADSYNC_CHECK(t->steps_per_epoch > 0, "a global batch of ", batch, " is larger than the training set (",
                  t->split.train.size(), " samples)");
@@ -464,12 +478,11 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
     io::load_registry(t->registry, options.init, {.convert_dtypes = true});
     t->optimizer->load_master_weights(io::SafetensorsReader(options.init));
   }
-  std::string resume = options.resume;
-  if (resume.empty() && !options.checkpoint_dir.empty()) {
-    resume = latest_checkpoint(options.checkpoint_dir);
-    if (!resume.empty() && t->comm->rank() == 0 && !options.quiet) std::printf("resuming from %s\n", resume.c_str());
+  if (!resume.empty()) {
+    if (t->comm->rank() == 0 && !options.quiet) std::printf("resuming from %s\n", resume.c_str());
+    t->progress = load_checkpoint(resume, t->registry, *t->optimizer, t->scaler.get());
   }
-  if (!resume.empty()) t->progress = load_checkpoint(resume, t->registry, *t->optimizer, t->scaler.get());
+  t->progress.global_batch = batch;
   return t;
 }
 
@@ -505,7 +518,8 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   double accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
   for (int epoch = t.progress.epoch; epoch < options.epochs && !stopped; ++epoch) {
     const auto epoch_start = Clock::now();
-    const std::vector<std::int64_t> order = epoch_order(t.shard, options.seed, epoch, rank, options.shuffle);
+    const std::vector<std::int64_t> order =
+        epoch_order(t.split.train, options.seed, epoch, rank, comm.size(), t.local_batch, options.shuffle);
     double loss_sum = 0;
     std::int64_t samples = 0;
     GRADSYNC_CHECK(!options.uneven || (uneven.join && t.progress.step_in_epoch == 0), name,
@@ -517,7 +531,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
       const double loss = step(order, s * t.local_batch);
       loss_sum += loss * static_cast<double>(t.local_batch);
       samples += t.local_batch;
-      t.progress = {epoch, s + 1, t.progress.global_step + 1};
+      t.progress = {epoch, s + 1, t.progress.global_step + 1, t.progress.global_batch};
       metrics.step(t.progress.global_step, epoch + 1, loss, t.last_grad_norm);
       stragglers.step();
       if (options.stragglers > 0 && t.progress.global_step % options.stragglers == 0) {
@@ -558,7 +572,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
                     last);
       }
     }
-    if (!stopped) t.progress = {epoch + 1, 0, t.progress.global_step};
+    if (!stopped) t.progress = {epoch + 1, 0, t.progress.global_step, t.progress.global_batch};
     // The epoch's loss over all ranks: one small allreduce at the same place on every rank.
     Tensor totals = Tensor::from_vector(std::vector<double>{loss_sum, static_cast<double>(samples)}, {2});
     comm.allreduce_host(totals, comm::ReduceOp::sum);

@@ -60,11 +60,13 @@ struct Split {
 };
 Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, bool shuffle);
 
-// Rank r's shard of the training set: positions r, r + W, r + 2W, ...
-std::vector<std::int64_t> shard(const std::vector<std::int64_t>& train, int rank, int world);
-// A seeded permutation of a shard for one epoch (the same on a resumed run).
-std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& shard, std::uint64_t seed, int epoch, int rank,
-                                      bool shuffle);
+// The rows rank r reads in one epoch, in order. The epoch is one seeded permutation of the whole
+// training set, cut into global batches of `local_batch` x `world` samples by global sample
+// index; rank r reads slice r of each. So the samples of step s do not depend on the number of
+// ranks, and a run resumed on another world size (the same global batch) reads, from the step it
+// resumes at, exactly the samples the interrupted run would have.
+std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& train, std::uint64_t seed, int epoch, int rank,
+                                      int world, std::int64_t local_batch, bool shuffle);
 
 // The rows order[begin, end) as a batch on `device`.
 struct Batch {
@@ -98,6 +100,7 @@ struct Progress {
   int epoch = 0;             // the epoch to run next
   std::int64_t step_in_epoch = 0;
   std::int64_t global_step = 0;
+  std::int64_t global_batch = 0;  // what the run trains with; a resumed run keeps it
 };
 // With fp16, the loss scaler's state rides along in the metadata.
 // The optimizer's part of a checkpoint: its state tensors and metadata (an unsharded
@@ -167,7 +170,6 @@ struct Training {
   Device device;
   Dataset data;
   Split split;
-  std::vector<std::int64_t> shard;
   std::int64_t local_batch = 0;    // samples per rank per step
   std::int64_t micro = 0;          // samples per pass
   std::int64_t steps_per_epoch = 0;

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero.
+# mixed_precision clip_norm timeline uneven zero reshard.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -139,5 +139,35 @@ PY
     "$compare" "$scratch/plain.safetensors" "$scratch/resumed1.safetensors" 1e-5
     "$compare" "$scratch/plain.safetensors" "$scratch/resumed2.safetensors" 1e-5
     echo "ZeRO-1's checkpoint equals the unsharded one byte for byte; resumed runs match" ;;
+  reshard)  # written by 4 ranks, resumed on 2 and on 3 (ZeRO stages 0-2): the same global batch, training goes on
+    launch=("$source/scripts/launch.sh")
+    for zero in 0 1 2; do
+      rm -rf "$scratch/four"
+      "${launch[@]}" 4 "$examples/digits_ddp" --backend gloo --zero $zero --optimizer adam --batch 48 --epochs 3 \
+        --checkpoint-dir "$scratch/four" --checkpoint-every 10 --quiet --metrics "$scratch/four.jsonl"
+      for world in 2 3; do
+        rm -rf "$scratch/again" && cp -r "$scratch/four" "$scratch/again"
+        # Loaded and saved at once (no step): the state every rank's pieces make is the consolidated
+        # state the 4 ranks wrote, byte for byte.
+        "${launch[@]}" $world "$examples/digits_ddp" --backend gloo --zero $zero --optimizer adam --epochs 3 \
+          --checkpoint-dir "$scratch/again" --quiet --save "$scratch/reloaded.safetensors"
+        cmp "$scratch/four/$(cat "$scratch/four/latest")" "$scratch/reloaded.safetensors"
+        # Training goes on with the global batch of 48 (24 or 16 per rank), the loss below the 4-rank run's start.
+        "${launch[@]}" $world "$examples/digits_ddp" --backend gloo --zero $zero --optimizer adam --epochs 8 \
+          --checkpoint-dir "$scratch/again" --metrics "$scratch/again.jsonl" --min-accuracy 0.9 --check-replicas \
+          | tee "$scratch/out"
+        grep -q "global batch 48 = $world x" "$scratch/out"
+        awk -v first="$(head -1 "$scratch/four.jsonl" | sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/')" \
+          -v later="$(head -1 "$scratch/again.jsonl" | sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/')" \
+          'BEGIN { print "loss: 4 ranks first step " first ", resumed on '$world' first step " later; exit !(later < first / 2) }'
+      done
+    done
+    # A global batch the new world cannot split is refused, naming both.
+    if "${launch[@]}" 5 "$examples/digits_ddp" --backend gloo --epochs 4 --checkpoint-dir "$scratch/again" \
+         > "$scratch/refused" 2>&1; then
+      echo "resuming a batch of 48 on 5 ranks was not refused"; exit 1
+    fi
+    grep -q "global batch of 48, which does not split evenly into 5 ranks" "$scratch/refused"
+    echo "resumed on 2 and 3 ranks at ZeRO stages 0-2: consolidated state equal, training went on" ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac
