@@ -20,4 +20,19 @@ for phase in zero1-gather zero2-reduce-scatter zero2-gather join-shadow duplicat
     failed=1
   fi
 done
+# SIGTERM (what torchrun and mpirun send to stop the others) ends a rank that waits in a
+# collective at once: gradsync installs no handler that would delay it.
+port=$((20000 + RANDOM % 20000))
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${program%/*}/connect_world" gloo stopped-peer > /dev/null 2>&1 &
+stopped=$!
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${program%/*}/connect_world" gloo stopped-peer > /dev/null 2>&1 &
+waiting=$!
+sleep 2
+start=$(date +%s%N)
+kill -TERM $waiting
+while kill -0 $waiting 2>/dev/null && (($(date +%s%N) - start < 5000000000)); do sleep 0.05; done
+ms=$((($(date +%s%N) - start) / 1000000))
+kill -KILL $stopped $waiting 2>/dev/null
+echo "== SIGTERM: the waiting rank ended $ms ms after it"
+((ms < 2000)) || { echo "FAIL: SIGTERM"; failed=1; }
 exit $failed
