@@ -105,4 +105,12 @@ restart_is_exact() {
     cmp "$scratch/a.safetensors" "$scratch/b.safetensors" && echo "the restarted run's final checkpoint is byte-identical"
 }
 check "a rank SIGKILLed mid-epoch, torchrun --max-restarts 2: the same bytes" restart_is_exact
+no_restarts_left() {  # without restarts torchrun gives up, and its summary quotes the survivor's error
+  ! "${torchrun[@]}" --nproc-per-node 2 --no-python "$examples/digits_ddp" --epochs 3 --kill-rank 1:30 \
+    > "$scratch/summary" 2>&1
+  grep -v "^W[0-9]\{4\} \|UserWarning\|_conversion_method" "$scratch/summary" | tail -22
+  grep -q "Signal 9 (SIGKILL)" "$scratch/summary" &&
+    grep -q "traceback : digits_ddp: rank 0: .* the peer is rank 1" "$scratch/summary"
+}
+check "the same kill without restarts: torchrun's summary names SIGKILL and quotes rank 0's error" no_restarts_left
 exit $failed
