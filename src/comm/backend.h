@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "algorithms/transport.h"
+#include "collective.h"
 #include "gradsync/comm/communicator.h"
 
 namespace gradsync::comm {
@@ -37,6 +38,9 @@ class Backend {
   // A backend over the same ranks that shares nothing in flight with this one (its own MPI
   // communicator, its own Gloo context). Called on the communication thread, in sequence.
   virtual std::unique_ptr<Backend> duplicate() = 0;
+  // The backend of this rank's group in a split, at `place` (collective.h: every rank computed
+  // the same table); nullptr for kNoColor. Every rank calls it, member or not, in sequence.
+  virtual std::unique_ptr<Backend> split(int color, int key, SplitPlace place) = 0;
   // Called from any thread once the communicator is broken: make the call in flight (if any)
   // give up soon, with an error. The backend is not used again afterwards.
   virtual void abort() = 0;

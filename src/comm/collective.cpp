@@ -42,6 +42,7 @@ const char* op_kind_name(std::int64_t kind) {
     case OpKind::coalesced: return "allreduce_coalesced";
     case OpKind::barrier: return "barrier";
     case OpKind::duplicate: return "duplicate";
+    case OpKind::split: return "split";
   }
   return "?";
 }
@@ -65,6 +66,19 @@ std::int64_t Descriptor::fingerprint() const {
     }
   }
   return static_cast<std::int64_t>(hash >> 2);
+}
+
+SplitPlace split_place(const std::vector<std::int64_t>& colors_and_keys, int my_rank) {
+  const std::int64_t color = colors_and_keys[2 * static_cast<std::size_t>(my_rank)];
+  if (color < 0) return {};
+  std::vector<std::pair<std::int64_t, int>> group;  // (key, old rank) of every rank with this color
+  for (std::size_t r = 0; 2 * r < colors_and_keys.size(); ++r) {
+    if (colors_and_keys[2 * r] == color) group.emplace_back(colors_and_keys[2 * r + 1], static_cast<int>(r));
+  }
+  std::sort(group.begin(), group.end());
+  SplitPlace place{0, static_cast<int>(group.size())};
+  while (group[static_cast<std::size_t>(place.rank)].second != my_rank) ++place.rank;
+  return place;
 }
 
 void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& all, int my_rank) {
@@ -266,6 +280,11 @@ void Communicator::allgatherv_host(const Tensor& input, Tensor& output, const st
   staged_input.tensor.copy_from(input);
   allgatherv(staged_input.tensor, staged_output.tensor, counts);
   output.copy_from(staged_output.tensor);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int, int) {
+  detail::throw_error("split: the ", backend(), " communicator of rank ", rank(),
+                      " cannot make sub-communicators yet (Gloo and MPI can)");
 }
 
 }  // namespace gradsync::comm

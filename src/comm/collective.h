@@ -11,7 +11,9 @@
 
 namespace gradsync::comm {
 
-enum class OpKind : std::int64_t { allreduce = 1, broadcast, allgather, allgatherv, reduce_scatter, coalesced, barrier, duplicate };
+enum class OpKind : std::int64_t {
+  allreduce = 1, broadcast, allgather, allgatherv, reduce_scatter, coalesced, barrier, duplicate, split
+};
 const char* op_kind_name(std::int64_t kind);
 
 // What a rank believes the current collective is. Six int64s, so it travels as one small
@@ -34,6 +36,14 @@ struct Descriptor {
 };
 static_assert(sizeof(Descriptor) == 6 * sizeof(std::int64_t));
 constexpr std::int64_t kDescriptorWords = 6;
+
+// A split's outcome for one rank, from every rank's (color, key) in rank order: its rank and the
+// size of its group (ordered by key, ties by old rank), or rank -1 for kNoColor.
+struct SplitPlace {
+  int rank = -1;
+  int size = 0;
+};
+SplitPlace split_place(const std::vector<std::int64_t>& colors_and_keys, int my_rank);
 
 // Throws naming the first rank whose descriptor differs from `mine`, with both views.
 void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& all, int my_rank);

@@ -40,6 +40,24 @@ class CpuCommunicator final : public Communicator {
     return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options(), engine_->next_duplicate_name());
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    GRADSYNC_CHECK(color >= kNoColor, "split: rank ", rank(), "'s color ", color, " must be >= 0 (or kNoColor)");
+    auto child = std::make_shared<std::unique_ptr<Backend>>();
+    Backend& backend = engine_->backend();
+    const int size = this->size();
+    submit(Descriptor::of(OpKind::split, DType::i64, 2), [&backend, child, color, key, size] {
+      // Every rank learns every (color, key) first: the groups and their orders are then the
+      // same table everywhere, whatever the backend does with them.
+      const std::int64_t mine[2] = {color, key};
+      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size));
+      backend.allgather(mine, all.data(), 2, DType::i64);
+      *child = backend.split(color, key, split_place(all, backend.rank()));
+    }, nullptr)->wait();
+    const std::string name = engine_->next_split_name(color);  // counted on every rank, member or not
+    if (*child == nullptr) return nullptr;
+    return std::make_unique<CpuCommunicator>(std::move(*child), engine_->options(), name);
+  }
+
   // Every collective below works on host tensors; `staging` swaps each device tensor for a
   // pinned host view (cpu_staging.h), so the same bodies serve CUDA tensors.
   WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) override {

@@ -90,6 +90,10 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   // The name of the next duplicate of this communicator (the same on every rank: duplicate() is
   // collective and numbered in order).
   std::string next_duplicate_name() { return recorder_->name() + "/" + std::to_string(++duplicates_); }
+  // The name of a split's communicator: its color among this communicator's splits, numbered.
+  std::string next_split_name(int color) {
+    return recorder_->name() + "/split" + std::to_string(++splits_) + "." + std::to_string(color);
+  }
 
   // Queue an operation (or run it on the calling thread: see submit()). Collectives get the next
   // collective sequence number; point-to-point operations are numbered on their own.
@@ -125,6 +129,7 @@ class Engine final : public std::enable_shared_from_this<Engine> {
   CommOptions options_;
   std::shared_ptr<FlightRecorder> recorder_;
   int duplicates_ = 0;
+  int splits_ = 0;
   std::chrono::milliseconds timeout_;
   bool check_agreement_ = false;
   bool verify_ = true;

@@ -133,6 +133,19 @@ class GlooBackend final : public Backend {
     return child;
   }
 
+  // The group's own context, over the same store under a name that the n-th split of this
+  // context and the color make: members meet at their places (collective.h's table); every rank
+  // counts the split, member or not, so the next one meets under the same name everywhere.
+  std::unique_ptr<Backend> split(int color, int, SplitPlace place) override {
+    const std::string prefix = prefix_ + "split" + std::to_string(splits_++) + "." + std::to_string(color) + "/";
+    if (color < 0) return nullptr;
+    gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
+    auto context = connect_full_mesh(store, rendezvous_, place.rank, place.size);
+    auto child = std::make_unique<GlooBackend>(std::move(context), rendezvous_, prefix);
+    child->set_timeout(timeout_);
+    return child;
+  }
+
   // Our own point-to-point waits (send, recv, the reduce-scatter ring) are woken at once. Gloo's own algorithms (allreduce, broadcast, allgather) cannot be interrupted
   // from outside (closing the context's connections does not wake their waits): they end by
   // their timeout, and the communicator waits for that before anyone may reuse the buffers.
@@ -197,6 +210,7 @@ class GlooBackend final : public Backend {
   Rendezvous rendezvous_;
   std::string prefix_;
   int duplicates_ = 0;
+  int splits_ = 0;
   std::mutex abort_mutex_;  // guards aborted_ and the buffer being waited for
   bool aborted_ = false;
   gloo::transport::UnboundBuffer* waiting_ = nullptr;

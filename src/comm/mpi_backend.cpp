@@ -201,6 +201,25 @@ class MpiBackend final : public Backend {
   // The polling loop of the call in flight sees the flag and gives up. (MPI cannot cancel a
   // started collective: the request stays pending, the communicator is never used again, and
   // the process ends with MPI_Abort rather than MPI_Finalize.)
+  // MPI_Comm_split orders a color's ranks by key, then by rank, as split_place does. There is no
+  // nonblocking split to poll; every rank has just answered the split's allgather, so all are
+  // here and none waits long.
+  std::unique_ptr<Backend> split(int color, int key, SplitPlace place) override {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm ring = MPI_COMM_NULL;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mpi_mutex());
+      GRADSYNC_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &comm));
+      GRADSYNC_MPI_CHECK(MPI_Comm_split(ring_comm_, color < 0 ? MPI_UNDEFINED : color, key, &ring));
+    }
+    if (color < 0) return nullptr;
+    auto child = std::make_unique<MpiBackend>(comm, ring);
+    GRADSYNC_CHECK(child->rank() == place.rank && child->size() == place.size, "split: MPI placed rank ", rank_,
+                   " at ", child->rank(), " of ", child->size(), ", the split's table at ", place.rank, " of ", place.size);
+    child->set_timeout(timeout_);
+    return child;
+  }
+
   void abort() override { aborted_ = true; }
 
   const char* name() const override { return "mpi"; }

@@ -16,6 +16,7 @@
 #include "parameters.h"
 #include "ranks_on_device.h"
 #include "reproducible.h"
+#include "split.h"
 #include "test_util.h"
 #include "zero.h"
 
@@ -101,6 +102,14 @@ TEST(MpiReproducible, EveryReductionIsTheAscendingFold) {
     const auto runs = testing::train_with_three_bucket_caps(*comm);
     EXPECT_TRUE(runs[0] == runs[1] && runs[0] == runs[2]) << algorithm << ": the bucket caps give other parameters";
   }
+}
+
+// Sub-communicators over MPI_Comm_split: the groups, every collective on them, and (with an even
+// number of ranks) two axes in flight at once.
+TEST(MpiSplit, GroupsOrdersAndEveryCollective) { testing::split_groups(world()); }
+TEST(MpiSplit, TwoAxesInFlightAtOnce) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "skipped: needs an even number of ranks";
+  testing::two_axes(world());
 }
 
 // Runs last (gtest keeps declaration order): the mismatch leaves this communicator broken.

@@ -147,6 +147,13 @@ class Communicator {
   // progress (MPI_Comm_idup, a new Gloo context, ncclCommSplit). Collective: every rank calls
   // it at the same point of this communicator's sequence. Used by every Reducer.
   virtual std::unique_ptr<Communicator> duplicate() = 0;
+  // Sub-communicators (MPI_Comm_split, PyTorch's new_group / split_group): the ranks that pass
+  // the same `color` form a new communicator, ordered by `key` (ties by their rank here); a rank
+  // that passes kNoColor gets nullptr. Collective over this communicator, like duplicate(); the
+  // new one has its own order of operations and progress, so work on it and on this one (or on
+  // another split) may be in flight at once. Gloo and MPI; NCCL refuses it for now, saying so.
+  static constexpr int kNoColor = -1;
+  virtual std::unique_ptr<Communicator> split(int color, int key);
   // The first failure that broke this communicator, or empty while it is usable.
   virtual std::string broken_reason() const = 0;
 
