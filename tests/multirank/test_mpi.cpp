@@ -112,6 +112,11 @@ TEST(MpiSplit, TwoAxesInFlightAtOnce) {
   testing::two_axes(world());
 }
 
+TEST(MpiProcessSets, MembersReduceAloneAndEveryMistakeIsNamed) {
+  if (world().size() < 3) GTEST_SKIP() << "skipped: needs three ranks";
+  testing::process_sets(world());
+}
+
 // Runs last (gtest keeps declaration order): the mismatch leaves this communicator broken.
 TEST(Mpi, ZZDebugModeReportsAMismatch) {
   auto comm = comm::mpi_world({.timeout = std::chrono::milliseconds(20000), .check_agreement = true});

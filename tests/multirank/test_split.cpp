@@ -22,5 +22,11 @@ TEST(Split, TwoAxesInFlightAtOnce) {
   }
 }
 
+TEST(ProcessSets, MembersReduceAloneAndEveryMistakeIsNamed) {
+  for (const int world : {3, 4}) {
+    comm::run_gloo_thread_group(world, [](comm::Communicator& comm) { testing::process_sets(comm); });
+  }
+}
+
 }  // namespace
 }  // namespace gradsync

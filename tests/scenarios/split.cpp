@@ -5,6 +5,11 @@
 
 #include "collectives.h"
 #include "dist.h"
+#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/process_set.h"
+#include "gradsync/optim/sgd.h"
+#include "models.h"
+#include "expectations.h"
 #include "test_util.h"
 #include "zero.h"
 
@@ -80,6 +85,31 @@ void two_axes(Communicator& world) {
   pending->wait();
   const float row_sum = static_cast<float>(2 * (me / 2 * 2) + 1);
   EXPECT_EQ(partial.to_double_vector()[12345], row_sum);
+}
+
+void process_sets(Communicator& world) {
+  ASSERT_GE(world.size(), 3);
+  const int me = world.rank();
+  dist::ProcessSet set(world, {2, 0});
+  EXPECT_EQ(set.ranks(), (std::vector<int>{0, 2}));
+  EXPECT_EQ(set.describe(), "process set {0, 2}");
+  if (set.includes(me)) {
+    EXPECT_EQ(set.communicator().size(), 2);
+    EXPECT_EQ(set.communicator().rank(), me / 2);
+    equivalence_with_single_process(set.communicator(), "sgd");
+  } else {
+    EXPECT_GRADSYNC_ERROR(set.communicator(), "process set {0, 2}", "rank " + std::to_string(me), "not a member");
+    Regression model(8);
+    optim::SGD sgd(model.registry, optim::SGD::Options{.lr = 0.1, .momentum = 0.0, .dampening = 0.0,
+                                                             .weight_decay = 0.0, .nesterov = false, .maximize = false});
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(sgd, set), "process set {0, 2}", "not a member");
+  }
+  world.barrier();
+  // Rank 1 passes another list: every rank fails, naming a rank with a different set.
+  EXPECT_GRADSYNC_ERROR(dist::ProcessSet(world, me == 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 2}),
+                        "passes a different set", "the same process sets");
+  EXPECT_GRADSYNC_ERROR(dist::ProcessSet(world, {0, 0}), "lists a rank twice");
+  EXPECT_GRADSYNC_ERROR(dist::ProcessSet(world, {0, world.size()}), "outside the world");
 }
 
 }  // namespace gradsync::testing

@@ -17,4 +17,10 @@ void split_groups(comm::Communicator& world);
 // process reaches on the column's concatenated batches; the row's sum is exact.
 void two_axes(comm::Communicator& world);
 
+// Horovod's process sets (3 ranks or more): the DistributedOptimizer over {0, 2} (ranks 1, 3, ...
+// idle) reaches what one process reaches on the members' batches; a non-member asking for the
+// set's communicator or building a front end over it is told it is not a member; a list that
+// differs on one rank, a duplicate or an out-of-range rank are errors naming them.
+void process_sets(comm::Communicator& world);
+
 }  // namespace gradsync::testing

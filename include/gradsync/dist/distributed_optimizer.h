@@ -32,6 +32,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/dist/join.h"
+#include "gradsync/dist/process_set.h"
 #include "gradsync/dist/reducer.h"
 #include "gradsync/dist/replicas.h"  // require_same_optimizer, broadcast_parameters, broadcast_optimizer_state
 #include "gradsync/dist/zero.h"
@@ -74,6 +75,10 @@ struct DistributedOptimizerOptions {
 class DistributedOptimizer : public Joinable {
  public:
   DistributedOptimizer(optim::Optimizer& optimizer, comm::Communicator& comm, DistributedOptimizerOptions options = {});
+  // Over a process set (Horovod's process_set): its members reduce among themselves; a
+  // non-member gets an error naming the set.
+  DistributedOptimizer(optim::Optimizer& optimizer, ProcessSet& process_set, DistributedOptimizerOptions options = {})
+      : DistributedOptimizer(optimizer, process_set.communicator(), std::move(options)) {}
   ~DistributedOptimizer() override;
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
