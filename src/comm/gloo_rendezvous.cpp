@@ -18,6 +18,7 @@
 
 #include "core/environment.h"
 #include "gradsync/comm/gloo.h"
+#include "socket_io.h"
 #include "tcp_store.h"
 #include "torch_store.h"
 
@@ -67,6 +68,8 @@ class ReportingStore final : public gloo::rendezvous::Store {
       try {
         inner_.wait(keys, slice);
         return;
+      } catch (const StoreGone&) {
+        throw;  // nobody will ever answer: say so now
       } catch (const std::exception&) {
         // not there yet: report or give up below
       }
@@ -92,6 +95,8 @@ class ReportingStore final : public gloo::rendezvous::Store {
     try {
       inner_.wait({key}, std::chrono::milliseconds(1));
       return true;
+    } catch (const StoreGone&) {
+      throw;
     } catch (const std::exception&) {
       return false;
     }

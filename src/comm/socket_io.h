@@ -7,7 +7,17 @@
 #include <cstddef>
 #include <string>
 
+#include "gradsync/core/error.h"
+
 namespace gradsync::comm {
+
+// What a store client throws when its server is gone (refused, closed, silent past the
+// timeout), as opposed to a key that has not appeared yet: a rendezvous that waits for keys
+// gives up at once on this one instead of asking again until its own timeout.
+class StoreGone : public Error {
+ public:
+  using Error::Error;
+};
 
 // One attempt to connect to host:port (any of its addresses). Returns the socket, or -1 with
 // `error` saying why and `refused` set when nobody listens there. Reads and writes on the socket

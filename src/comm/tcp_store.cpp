@@ -76,8 +76,8 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
     // The server was up and stops listening only when it goes: rank 0 has ended or died. Waiting
     // out the timeout would only delay the error (a peer that is merely slow still answers).
     if (refused && reconnecting) {
-      detail::throw_error("tcp store at ", endpoint_, ": the store is gone (connection refused): rank 0, which serves ",
-                          "it, has ended or died");
+      throw StoreGone("tcp store at " + endpoint_ +
+                      ": the store is gone (connection refused): rank 0, which serves it, has ended or died");
     }
     if (socket_ >= 0) {
       const std::string hello = store::encode_request(store::kHello, store::kHelloKey, token_);
@@ -128,14 +128,14 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   char status = 0;
   const bool ok = exchange(store::encode_request(store::kSet, key, std::string_view(data.data(), data.size())), status,
                            nullptr);
-  GRADSYNC_CHECK(ok && status == 1, "tcp store at ", endpoint_, ": set('", key, "') failed: the store (rank 0) is gone");
+  if (!ok || status != 1) throw StoreGone("tcp store at " + endpoint_ + ": set('" + key + "') failed: the store (rank 0) is gone");
 }
 
 bool TcpStore::try_get(const std::string& key, std::vector<char>& value) {
   std::lock_guard<std::mutex> lock(mutex_);
   char found = 0;
   const bool ok = exchange(store::encode_request(store::kGet, key), found, &value);
-  GRADSYNC_CHECK(ok, "tcp store at ", endpoint_, ": get('", key, "') failed: the store (rank 0) is gone");
+  if (!ok) throw StoreGone("tcp store at " + endpoint_ + ": get('" + key + "') failed: the store (rank 0) is gone");
   return found == 1;
 }
 

@@ -94,14 +94,15 @@ void TorchStore::fail(const std::string& why) {
 
 void TorchStore::send(const std::string& request, const char* what) {
   if (!write_exact(socket_, request.data(), request.size())) {
-    fail(std::string(what) + ": the connection is closed (the store's agent has ended or died)");
+    throw StoreGone("torch store at " + endpoint_ + ": " + what +
+                    ": the connection is closed (the store's agent has ended or died)");
   }
 }
 
 void TorchStore::receive(void* data, std::size_t bytes, const char* what) {
   if (!read_exact(socket_, data, bytes)) {
-    fail(std::string(what) + ": no complete reply within " + std::to_string(timeout_.count()) +
-         " ms (the connection closed, or the store stopped answering)");
+    throw StoreGone("torch store at " + endpoint_ + ": " + what + ": no complete reply within " +
+                    std::to_string(timeout_.count()) + " ms (the connection closed, or the store stopped answering)");
   }
 }
 

@@ -238,6 +238,28 @@ TEST(Store, AClientFailsPromptlyWhenTheServerDies) {
   EXPECT_GRADSYNC_ERROR(client.get("here"), "tcp store at 127.0.0.1:");
 }
 
+// A rank waiting at the rendezvous for a rank that will never come, when the store itself goes:
+// it fails at once naming the store, not after the rendezvous timeout.
+TEST(Store, ARendezvousFailsAtOnceWhenTheStoreGoes) {
+  const testing::ScopedVariable token("GRADSYNC_STORE_TOKEN", "a-test-token");
+  auto server = std::make_unique<Server>(comm::TcpStoreServerOptions{.token = comm::store_token("", 0, 2)});
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread rank1([&, port = server->port] {
+    try {
+      comm::gloo_tcp_store("127.0.0.1", port, 1, 2, {.timeout = 30000ms});
+    } catch (const Error& error) {
+      message = error.what();
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  server.reset();
+  rank1.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << "it waited for the rendezvous timeout: " << message;
+  EXPECT_NE(message.find("is gone"), std::string::npos) << message;
+}
+
 // A real rendezvous of three ranks while a stranger floods the port with garbage.
 TEST(Store, ARendezvousCompletesDuringAFlood) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
