@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -115,9 +116,13 @@ std::string PeerDirectory::explain(const std::string& message) const {
     for (const auto& [fd, connection] : connections_) {
       sockaddr_storage remote{};
       socklen_t length = sizeof remote;
+      // POLLRDHUP: the peer's FIN has arrived, even behind bytes nobody has read yet (which a
+      // peeking recv would return instead of the end of the stream).
+      pollfd entry{fd, POLLRDHUP, 0};
+      const bool hung_up = ::poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
       char byte = 0;
       const bool gone = ::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0 ||
-                        address_text(remote) != connection.remote ||
+                        address_text(remote) != connection.remote || hung_up ||
                         ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
       if (gone) vanished.insert(connection.rank);
     }

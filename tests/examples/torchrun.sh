@@ -106,7 +106,11 @@ restart_is_exact() {
 }
 check "a rank SIGKILLed mid-epoch, torchrun --max-restarts 2: the same bytes" restart_is_exact
 no_restarts_left() {  # without restarts torchrun gives up, and its summary quotes the survivor's error
-  ! "${torchrun[@]}" --nproc-per-node 2 --no-python "$examples/digits_ddp" --epochs 3 --kill-rank 1:30 \
+  # The agent SIGTERMs the other workers as soon as it sees one fail; polling every 5 s (not
+  # 0.1 s) it sees both ended: rank 1 killed, rank 0 failed by itself (within milliseconds of its
+  # peer's death) with its error file written. At 0.1 s the agent may stop rank 0 first.
+  ! "${torchrun[@]}" --monitor-interval 5 --nproc-per-node 2 --no-python "$examples/digits_ddp" --epochs 3 \
+    --kill-rank 1:30 \
     > "$scratch/summary" 2>&1
   grep -v "^W[0-9]\{4\} \|UserWarning\|_conversion_method" "$scratch/summary" | tail -22
   grep -q "Signal 9 (SIGKILL)" "$scratch/summary" &&
