@@ -467,14 +467,17 @@ TEST(CommunicatorFailure, TheWaitDeadlineCountsFromIssue) {
       [&](Communicator& comm) {
         Tensor t = ones(1);
         if (comm.rank() == 1) {
-          std::this_thread::sleep_for(1000ms);
+          std::this_thread::sleep_for(3000ms);
           return;
         }
+        // Issued 1.5 s before a wait of 1 s: that wait is over before it begins. Counted from the
+        // call it would take a second; the cancellation itself takes milliseconds, so the margin
+        // holds on a loaded machine under a sanitizer.
         comm::WorkHandle work = comm.recv_async(t, 1);
-        std::this_thread::sleep_for(400ms);
+        std::this_thread::sleep_for(1500ms);
         const auto start = Clock::now();
-        EXPECT_GRADSYNC_ERROR(work->wait(300ms), "of being issued");
-        EXPECT_LT(seconds_since(start), 0.3);
+        EXPECT_GRADSYNC_ERROR(work->wait(1000ms), "of being issued");
+        EXPECT_LT(seconds_since(start), 0.9);
       },
       {.timeout = 30000ms});
 }
