@@ -240,15 +240,19 @@ std::string latest_checkpoint(const std::string& folder) {
 
 namespace {
 
+// What a checkpoint holds for the optimizer: the trainer's own (ZeRO's consolidated state, a
+// collective), else the optimizer's state.
+OptimizerCheckpoint optimizer_checkpoint_of(Training& t) {
+  if (t.optimizer_checkpoint) return t.optimizer_checkpoint();
+  return OptimizerCheckpoint{t.optimizer->state_tensors(), t.optimizer->state_metadata()};
+}
+
 // A checkpoint into the folder: every rank takes part (ZeRO gathers the optimizer state), rank 0
 // writes step_<N>.safetensors (atomically), then renames a new `latest` into place, then removes
 // all but the two newest; the barrier makes it complete before any rank goes on. A kill at any
 // moment leaves `latest` naming a whole checkpoint.
 void checkpoint_into_folder(Training& t, const TrainerOptions& options) {
-  const OptimizerCheckpoint optimizer_state = t.optimizer_checkpoint
-                                                  ? t.optimizer_checkpoint()
-                                                  : OptimizerCheckpoint{t.optimizer->state_tensors(),
-                                                                        t.optimizer->state_metadata()};
+  const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);
   if (t.comm->rank() == 0) {
     namespace fs = std::filesystem;
     const fs::path folder(options.checkpoint_dir);
@@ -591,10 +595,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   if (!options.checkpoint_dir.empty()) checkpoint_into_folder(t, options);
   if (!options.save.empty()) {
     // Every rank takes part (ZeRO gathers the pieces of the optimizer state); rank 0 writes.
-    const OptimizerCheckpoint optimizer_state = t.optimizer_checkpoint
-                                                    ? t.optimizer_checkpoint()
-                                                    : OptimizerCheckpoint{t.optimizer->state_tensors(),
-                                                                          t.optimizer->state_metadata()};
+    const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);
     if (rank == 0) save_checkpoint(options.save, t.registry, optimizer_state, t.progress, t.scaler.get());
   }
   comm.barrier();  // the checkpoint is complete before any rank reports success

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gradsync/core/error.h"
+#include "gradsync/io/checksum.h"
 
 namespace gradsync::dist {
 
@@ -16,14 +17,9 @@ std::string listed(const std::vector<int>& ranks) {
   return text + "}";
 }
 
-// FNV-1a over the sorted list: what the ranks compare to agree on the set.
+// What the ranks compare to agree on the set: a digest of the sorted list.
 std::int64_t digest(const std::vector<int>& ranks) {
-  std::uint64_t hash = 1469598103934665603ull;
-  for (const int rank : ranks) {
-    hash ^= static_cast<std::uint32_t>(rank);
-    hash *= 1099511628211ull;
-  }
-  return static_cast<std::int64_t>(hash >> 1);
+  return static_cast<std::int64_t>(io::xxh64(ranks.data(), ranks.size() * sizeof(int)) >> 1);
 }
 
 }  // namespace
