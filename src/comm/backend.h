@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "algorithms/transport.h"
@@ -37,15 +39,29 @@ class Backend {
 
   // A backend over the same ranks that shares nothing in flight with this one (its own MPI
   // communicator, its own Gloo context). Called on the communication thread, in sequence.
-  virtual std::unique_ptr<Backend> duplicate() = 0;
+  std::unique_ptr<Backend> duplicate();
   // The backend of this rank's group in a split, at `place` (collective.h: every rank computed
   // the same table); nullptr for kNoColor. Every rank calls it, member or not, in sequence.
-  virtual std::unique_ptr<Backend> split(int color, int key, SplitPlace place) = 0;
+  std::unique_ptr<Backend> split(int color, int key, const SplitPlace& place);
+
+  // How messages name rank `r` of this backend: "rank r", or, in a group split from a larger
+  // world, "rank r (world rank w)": users know their ranks by their world number, and a group's
+  // rank 0 is seldom the world's.
+  std::string rank_name(int r) const;
+  // Rank `r`'s number in that world; errors raised on this rank's threads begin with it.
+  int world_rank(int r) const;
   // Called from any thread once the communicator is broken: make the call in flight (if any)
   // give up soon, with an error. The backend is not used again afterwards.
   virtual void abort() = 0;
   // Adds what the backend knows about a failure (Gloo: which rank a peer address belongs to).
   virtual std::string explain(const std::string& message) const { return message; }
+
+ protected:
+  virtual std::unique_ptr<Backend> make_duplicate() = 0;
+  virtual std::unique_ptr<Backend> make_split(int color, int key, const SplitPlace& place) = 0;
+
+ private:
+  std::vector<int> world_ranks_;  // rank r of this group is world rank world_ranks_[r]; empty: a world
 };
 
 // The communicator over a CPU backend: validation, sequence numbers, the communication

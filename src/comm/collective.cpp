@@ -76,8 +76,9 @@ SplitPlace split_place(const std::vector<std::int64_t>& colors_and_keys, int my_
     if (colors_and_keys[2 * r] == color) group.emplace_back(colors_and_keys[2 * r + 1], static_cast<int>(r));
   }
   std::sort(group.begin(), group.end());
-  SplitPlace place{0, static_cast<int>(group.size())};
-  while (group[static_cast<std::size_t>(place.rank)].second != my_rank) ++place.rank;
+  SplitPlace place{0, static_cast<int>(group.size()), {}};
+  for (const auto& member : group) place.members.push_back(member.second);
+  while (place.members[static_cast<std::size_t>(place.rank)] != my_rank) ++place.rank;
   return place;
 }
 

@@ -42,6 +42,7 @@ constexpr std::int64_t kDescriptorWords = 6;
 struct SplitPlace {
   int rank = -1;
   int size = 0;
+  std::vector<int> members;  // the group's ranks in the communicator split, in the group's order
 };
 SplitPlace split_place(const std::vector<std::int64_t>& colors_and_keys, int my_rank);
 

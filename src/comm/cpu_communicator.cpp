@@ -10,6 +10,7 @@
 #include "collective.h"
 #include "cpu_engine.h"
 #include "cpu_staging.h"
+#include "hierarchical.h"
 #include "gradsync/kernels/ops.h"
 
 namespace gradsync::comm {
@@ -229,7 +230,7 @@ class CpuCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_cpu_communicator(std::unique_ptr<Backend> backend, const CommOptions& options) {
-  return std::make_unique<CpuCommunicator>(std::move(backend), options, "");
+  return std::make_unique<CpuCommunicator>(with_hierarchy(std::move(backend), options), options, "");
 }
 
 void Communicator::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {

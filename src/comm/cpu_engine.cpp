@@ -195,13 +195,13 @@ WorkHandle Engine::submit(std::string description, const FlightRecorder::Operati
 }
 
 void Engine::run_inline(Task& task) {
-  ThreadRankScope label(backend_->rank());
+  ThreadRankScope label(backend_->world_rank(backend_->rank()));
   execute(task);
 }
 
 // The communication thread: runs the queue in order; the first failure breaks everything after.
 void Engine::run() {
-  ThreadRankScope label(backend_->rank());
+  ThreadRankScope label(backend_->world_rank(backend_->rank()));
   // One track per communicator (a Reducer's duplicate has its own), numbered in creation
   // order; named once the timeline records (it may start after this thread did).
   static std::atomic<int> communicators{0};

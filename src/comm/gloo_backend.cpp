@@ -124,7 +124,7 @@ class GlooBackend final : public Backend {
 
   // A new context over the same store under a fresh prefix: every rank duplicates in the same
   // sequence, so the n-th duplicate of this context meets under the same name everywhere.
-  std::unique_ptr<Backend> duplicate() override {
+  std::unique_ptr<Backend> make_duplicate() override {
     const std::string prefix = prefix_ + "dup" + std::to_string(duplicates_++) + "/";
     gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
     auto context = connect_full_mesh(store, rendezvous_, rank(), size());
@@ -136,7 +136,7 @@ class GlooBackend final : public Backend {
   // The group's own context, over the same store under a name that the n-th split of this
   // context and the color make: members meet at their places (collective.h's table); every rank
   // counts the split, member or not, so the next one meets under the same name everywhere.
-  std::unique_ptr<Backend> split(int color, int, SplitPlace place) override {
+  std::unique_ptr<Backend> make_split(int color, int, const SplitPlace& place) override {
     const std::string prefix = prefix_ + "split" + std::to_string(splits_++) + "." + std::to_string(color) + "/";
     if (color < 0) return nullptr;
     gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
@@ -160,7 +160,7 @@ class GlooBackend final : public Backend {
     }
   }
 
-  std::string explain(const std::string& message) const override { return peers_.explain(message); }
+  std::string explain(const std::string& message) const override { return peers_.explain(message, *this); }
 
  private:
   // Calls fn((E*)nullptr) with an element type of the dtype's size; Gloo only moves bytes.

@@ -110,7 +110,7 @@ std::string PeerDirectory::address_text(const sockaddr_storage& address) {
 // bookkeeping, which does not always match the kernel's addresses (and so can point at the
 // wrong rank). First ask the kernel: which peer's connection, recorded at rendezvous, is now
 // closed or gone? When exactly one is, that is the peer. Else fall back to the addresses.
-std::string PeerDirectory::explain(const std::string& message) const {
+std::string PeerDirectory::explain(const std::string& message, const Backend& backend) const {
   std::set<int> vanished;
   if (message.find("closed") != std::string::npos || message.find("reset") != std::string::npos) {
     for (const auto& [fd, connection] : connections_) {
@@ -127,8 +127,8 @@ std::string PeerDirectory::explain(const std::string& message) const {
       if (gone) vanished.insert(connection.rank);
     }
     if (vanished.size() == 1) {
-      const std::string rank_text = std::to_string(*vanished.begin());
-      return message + " (the connection to rank " + rank_text + " is closed: the peer is rank " + rank_text + ")";
+      const std::string peer = backend.rank_name(*vanished.begin());
+      return message + " (the connection to " + peer + " is closed: the peer is " + peer + ")";
     }
     // Several: one died, and the others failed because of it and left too (a ring waits on its
     // neighbour, which is not the rank that died). Name them all: blaming only the one whose
@@ -138,7 +138,7 @@ std::string PeerDirectory::explain(const std::string& message) const {
       std::string ranks;
       for (std::size_t i = 0; i < peers.size(); ++i) {
         if (i > 0) ranks += i + 1 == peers.size() ? " and " : ", ";
-        ranks += "rank " + std::to_string(peers[i]);
+        ranks += backend.rank_name(peers[i]);
       }
       return message + " (the connections to " + ranks +
              " are closed: one of them died and the others left after failing; their flight records say which "
@@ -148,12 +148,12 @@ std::string PeerDirectory::explain(const std::string& message) const {
   for (std::size_t peer = 0; peer < peer_addresses_.size(); ++peer) {
     const std::string& address = peer_addresses_[peer];
     if (!address.empty() && message.find(address) != std::string::npos) {
-      return message + " (" + address + " is rank " + std::to_string(peer) + ")";
+      return message + " (" + address + " is " + backend.rank_name(static_cast<int>(peer)) + ")";
     }
   }
   for (const auto& [address, peer] : socket_owner_) {
     if (message.find(address) != std::string::npos) {
-      return message + " (" + address + " is rank " + std::to_string(peer) + ")";
+      return message + " (" + address + " is " + backend.rank_name(static_cast<int>(peer)) + ")";
     }
   }
   return message;

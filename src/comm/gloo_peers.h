@@ -20,8 +20,9 @@ class PeerDirectory {
  public:
   // Collective over `backend` (two allgathers and an allgatherv on its context).
   void learn(gloo::Context& context, Backend& backend);
-  // `message` with the rank it is about appended, when the directory can tell.
-  std::string explain(const std::string& message) const;
+  // `message` with the rank it is about appended, when the directory can tell, named as
+  // `backend` names its ranks (a group's rank with its world rank).
+  std::string explain(const std::string& message, const Backend& backend) const;
 
  private:
   void learn_socket_addresses(Backend& backend);

@@ -176,8 +176,14 @@ Rendezvous rendezvous_through(std::shared_ptr<gloo::rendezvous::Store> store, st
 }  // namespace
 
 void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body, const CommOptions& options) {
+  run_gloo_thread_group(size, body, [&options](int) { return options; });
+}
+
+void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body,
+                           const std::function<CommOptions(int rank)>& options_of) {
   GRADSYNC_CHECK(size >= 1, "run_gloo_thread_group: size must be positive, got ", size);
-  const Rendezvous shared = rendezvous_through(std::make_shared<gloo::rendezvous::HashStore>(), "the in-process store", options);
+  const Rendezvous shared =
+      rendezvous_through(std::make_shared<gloo::rendezvous::HashStore>(), "the in-process store", options_of(0));
   std::mutex errors_mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> threads;
@@ -185,7 +191,7 @@ void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& b
     threads.emplace_back([&, rank] {
       ThreadRankScope label(rank);
       try {
-        auto communicator = meet(shared, rank, size, options);
+        auto communicator = meet(shared, rank, size, options_of(rank));
         body(*communicator);
       } catch (...) {
         std::lock_guard<std::mutex> lock(errors_mutex);

@@ -185,7 +185,7 @@ class MpiBackend final : public Backend {
   }
 
   // MPI_Comm_idup, polled against the timeout like every other call.
-  std::unique_ptr<Backend> duplicate() override {
+  std::unique_ptr<Backend> make_duplicate() override {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm ring = MPI_COMM_NULL;
     MPI_Request request;
@@ -204,7 +204,7 @@ class MpiBackend final : public Backend {
   // MPI_Comm_split orders a color's ranks by key, then by rank, as split_place does. There is no
   // nonblocking split to poll; every rank has just answered the split's allgather, so all are
   // here and none waits long.
-  std::unique_ptr<Backend> split(int color, int key, SplitPlace place) override {
+  std::unique_ptr<Backend> make_split(int color, int key, const SplitPlace& place) override {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm ring = MPI_COMM_NULL;
     {

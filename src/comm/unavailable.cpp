@@ -12,6 +12,9 @@ bool gloo_available() { return false; }
 void run_gloo_thread_group(int, const std::function<void(Communicator&)>&, const CommOptions&) {
   detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
 }
+void run_gloo_thread_group(int, const std::function<void(Communicator&)>&, const std::function<CommOptions(int)>&) {
+  detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
+}
 std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path&, int, int, const CommOptions&) {
   detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");
 }

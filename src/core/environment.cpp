@@ -37,6 +37,17 @@ constexpr std::array kKnobs{
          "how reproducible mode reduces: owner (each rank adds up its chunk, then an allgather) or chain (partial sums "
          "from rank 0 to the last, then a broadcast); the same bits either way",
          "comm (CPU communicators)"},
+    Knob{"GRADSYNC_HIERARCHICAL", "auto",
+         "1: every allreduce of ranks on several nodes is hierarchical (reduce-scatter inside each node, allreduce of "
+         "each slice across nodes, allgather inside); 0: never; auto: from GRADSYNC_HIERARCHICAL_MIN_KB up, when every "
+         "node runs the same number of ranks, more than one (CommOptions::hierarchical)",
+         "comm (CPU communicators)"},
+    Knob{"GRADSYNC_HIERARCHICAL_MIN_KB", "64",
+         "the smallest allreduce (KiB) that auto mode makes hierarchical", "comm (CPU communicators)"},
+    Knob{"GRADSYNC_NODE", "unset",
+         "the name of the node this rank runs on (ranks with the same name share one); unset: torchrun's GROUP_RANK, "
+         "else the host name (CommOptions::node)",
+         "comm (CPU communicators)"},
     Knob{"GRADSYNC_GLOO_HOST", "127.0.0.1",
          "the address (or host name) this rank's Gloo transport listens on, reachable by the other ranks",
          "comm (Gloo)"},
@@ -161,6 +172,15 @@ bool reproducible_chain() {
                  *value, "'");
   return *value == "chain";
 }
+std::optional<bool> hierarchical() {
+  const auto value = text_knob("GRADSYNC_HIERARCHICAL");
+  if (!value || *value == "auto") return std::nullopt;
+  return switch_knob("GRADSYNC_HIERARCHICAL", false);
+}
+std::size_t hierarchical_min_bytes() {
+  return static_cast<std::size_t>(whole_number("GRADSYNC_HIERARCHICAL_MIN_KB", 0, 1LL << 30, "KiB").value_or(64)) << 10;
+}
+std::optional<std::string> node() { return text_knob("GRADSYNC_NODE"); }
 std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST"); }
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
 std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }

@@ -50,6 +50,10 @@ bool debug_collectives();                                       // GRADSYNC_DEBU
 bool verify_collectives();                                      // GRADSYNC_VERIFY_COLLECTIVES
 bool reproducible();                                            // GRADSYNC_REPRODUCIBLE
 bool reproducible_chain();                                      // GRADSYNC_REPRODUCIBLE_ALGORITHM == chain
+// GRADSYNC_HIERARCHICAL: nullopt for auto (unset), else on (1) or off (0).
+std::optional<bool> hierarchical();
+std::size_t hierarchical_min_bytes();                           // GRADSYNC_HIERARCHICAL_MIN_KB
+std::optional<std::string> node();                              // GRADSYNC_NODE
 std::optional<std::string> gloo_host();                         // GRADSYNC_GLOO_HOST
 std::optional<std::string> gloo_store_dir();                    // GRADSYNC_GLOO_STORE_DIR
 std::optional<std::string> store_bind();                        // GRADSYNC_STORE_BIND

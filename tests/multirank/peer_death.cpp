@@ -11,6 +11,12 @@
 //     duplicate             the last rank dies instead of duplicating the communicator (a new
 //                           context meeting through the rendezvous store)
 //     duplicate-rank0       the same, rank 0 (which serves the store) dying
+//     split                 (3 ranks) ranks 1 and 2 form a group, rank 0 stays out and waits in a
+//                           world barrier; the last rank dies in one of the group's allreduces:
+//                           the other member names it by its world rank ("world rank 2")
+//     hierarchical          (4 ranks on 2 simulated nodes, hierarchical allreduce forced) the last
+//                           rank dies in one of the allreduces: inside a node, across nodes, or
+//                           waiting on a rank that failed because of it
 //   (In both duplicates the survivors fail in the collective check that precedes the meeting, over
 //   the old connections. A store client whose server dies while it waits is tested in
 //   test_store.cpp, Store.AClientFailsPromptlyWhenTheServerDies.)
@@ -21,6 +27,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gradsync/comm/connect.h"
 #include "peer_death.h"
@@ -43,13 +50,21 @@ int main(int argc, char** argv) {
   const std::string phase = argc > 1 ? argv[1] : "";
   std::unique_ptr<comm::Communicator> comm;
   try {
-    comm = comm::connect("gloo");
+    comm::CommOptions options;
+    if (phase == "hierarchical") {  // two nodes of two: ranks 0 and 1, ranks 2 and 3
+      const char* rank = std::getenv("RANK");
+      options.node = "node" + std::to_string((rank != nullptr ? std::atoi(rank) : 0) / 2);
+      options.hierarchical = comm::CommOptions::Hierarchy::always;
+    }
+    comm = comm::connect("gloo", Device::cpu(), options);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "connect: %s\n", error.what());
     return 1;
   }
   const int last = comm->size() - 1;
   const int victim = phase == "duplicate-rank0" ? 0 : last;
+  // A group's member must name the victim by its world rank: its group rank differs.
+  bool by_world_rank = false;
   const auto start = Clock::now();
   try {
     if (phase == "zero1-gather") {
@@ -60,6 +75,21 @@ int main(int argc, char** argv) {
       testing::zero_training_with_a_death(*comm, 2, false, victim, die);
     } else if (phase == "join-shadow") {
       testing::join_training_with_a_death(*comm, victim, die);
+    } else if (phase == "split") {
+      auto group = comm->split(comm->rank() == 0 ? comm::Communicator::kNoColor : 0, comm->rank());
+      by_world_rank = group != nullptr;
+      for (int step = 0; group != nullptr && step < 20; ++step) {
+        if (step == 3 && comm->rank() == victim) die();
+        Tensor value = Tensor::from_vector(std::vector<float>(1000, 1.0f), {1000});
+        group->allreduce(value, comm::ReduceOp::sum);
+      }
+      comm->barrier();
+    } else if (phase == "hierarchical") {
+      for (int step = 0; step < 20; ++step) {
+        if (step == 3 && comm->rank() == victim) die();
+        Tensor value = Tensor::from_vector(std::vector<float>(1 << 18, 1.0f), {1 << 18});
+        comm->allreduce(value, comm::ReduceOp::sum);
+      }
     } else if (phase == "duplicate" || phase == "duplicate-rank0") {
       if (comm->rank() == victim) die();
       auto duplicate = comm->duplicate();
@@ -74,8 +104,9 @@ int main(int argc, char** argv) {
     const std::string message = error.what();
     std::printf("rank %d failed after %.2f s: %s\n", comm->rank(), seconds, message.c_str());
     std::fflush(stdout);
-    const bool named = message.find("rank " + std::to_string(victim)) != std::string::npos;
-    if (!named) std::fprintf(stderr, "rank %d: the error does not name rank %d\n", comm->rank(), victim);
+    const std::string name = (by_world_rank ? "world rank " : "rank ") + std::to_string(victim);
+    const bool named = message.find(name) != std::string::npos;
+    if (!named) std::fprintf(stderr, "rank %d: the error does not name %s\n", comm->rank(), name.c_str());
     return named ? 0 : 1;
   }
 }

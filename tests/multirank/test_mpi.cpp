@@ -16,6 +16,7 @@
 #include "parameters.h"
 #include "ranks_on_device.h"
 #include "reproducible.h"
+#include "hierarchical.h"
 #include "split.h"
 #include "test_util.h"
 #include "zero.h"
@@ -110,6 +111,31 @@ TEST(MpiSplit, GroupsOrdersAndEveryCollective) { testing::split_groups(world());
 TEST(MpiSplit, TwoAxesInFlightAtOnce) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "skipped: needs an even number of ranks";
   testing::two_axes(world());
+}
+
+// Hierarchical allreduce over MPI sub-communicators (MPI_Comm_split of the node groups), on
+// simulated nodes: two round-robin nodes of two add in the hierarchy's order (and the flat
+// algorithms do not); any even world as two nodes, the front ends included.
+comm::CommOptions on_two_nodes(bool round_robin, comm::CommOptions::Hierarchy mode) {
+  comm::CommOptions options;
+  options.hierarchical = mode;
+  options.node = testing::simulated_node(world().rank(), world().size(), 2, round_robin);
+  return options;
+}
+
+TEST(MpiHierarchical, TwoNodesOfTwoAddInTheHierarchysOrder) {
+  if (world().size() != 4) GTEST_SKIP() << "skipped: needs four ranks";
+  auto hierarchical = comm::mpi_world(on_two_nodes(true, comm::CommOptions::Hierarchy::always));
+  testing::hierarchical_values(*hierarchical, testing::Expect::pairwise_order);
+  auto flat = comm::mpi_world(on_two_nodes(true, comm::CommOptions::Hierarchy::never));
+  testing::hierarchical_values(*flat, testing::Expect::not_pairwise);
+}
+
+TEST(MpiHierarchical, FrontEndsOnTwoNodes) {
+  if (world().size() % 2 != 0 || world().size() < 4) GTEST_SKIP() << "skipped: needs an even number of ranks, 4 or more";
+  auto comm = comm::mpi_world(on_two_nodes(false, comm::CommOptions::Hierarchy::always));
+  testing::hierarchical_values(*comm, testing::Expect::any_order);
+  testing::hierarchical_front_ends(*comm);
 }
 
 TEST(MpiProcessSets, MembersReduceAloneAndEveryMistakeIsNamed) {

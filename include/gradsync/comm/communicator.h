@@ -55,6 +55,18 @@ struct CommOptions {
   // algorithm or the backend (Gloo, MPI; NCCL refuses it). The same bytes on the wire as the
   // ring; docs/communication.md has the algorithms and their cost. Duplicates inherit it.
   bool reproducible = false;
+  // Hierarchical allreduce, for ranks on several nodes (docs/communication.md): the ranks of a
+  // node reduce-scatter among themselves, each carries its slice to its peers on the other
+  // nodes (an allreduce across nodes per local rank, so every rank's link is used), and the
+  // node allgathers the result. Only the inter-node phase crosses the slow link, with 1/L of the
+  // buffer per rank for L ranks per node. It needs the same number of ranks, more than one, on
+  // every node; otherwise the flat algorithm runs. Reproducible mode overrides it.
+  //  automatic: GRADSYNC_HIERARCHICAL (unset: from GRADSYNC_HIERARCHICAL_MIN_KB up); always; never.
+  enum class Hierarchy { automatic, always, never };
+  Hierarchy hierarchical = Hierarchy::automatic;
+  // The node this rank runs on: ranks with the same name share one. Empty: GRADSYNC_NODE, else
+  // torchrun's GROUP_RANK, else the host name.
+  std::string node{};
 };
 
 // The timeout an operation gets when none is given: CommOptions, the environment, the default.

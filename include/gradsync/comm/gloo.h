@@ -30,6 +30,10 @@ bool gloo_available();
 // its rank for error messages.
 void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body,
                            const CommOptions& options = {});
+// The same with each rank's own options (e.g. CommOptions::node, to simulate several nodes);
+// the rendezvous takes its timeouts from rank 0's.
+void run_gloo_thread_group(int size, const std::function<void(Communicator&)>& body,
+                           const std::function<CommOptions(int rank)>& options_of);
 
 // A process's communicator, meeting the others through a folder.
 std::unique_ptr<Communicator> gloo_file_store(const std::filesystem::path& folder, int rank, int size,
