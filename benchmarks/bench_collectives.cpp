@@ -16,6 +16,7 @@
 //   scripts/launch.sh 2 build/benchmarks/bench_collectives --backend gloo --device cuda
 //   benchmarks/compare_collectives.sh 2        (all of it, with the torch columns)
 //   mpirun -np 4 build/benchmarks/bench_collectives --backend mpi --reproducible   (its cost)
+//   scripts/simulate_nodes.sh --measure-link -- build/benchmarks/bench_collectives --backend gloo --hierarchical
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <gloo/allgather.h>
@@ -79,7 +80,8 @@ RawCalls raw_gloo(int rank, int size) {
   std::filesystem::create_directories(folder);
   gloo::rendezvous::FileStore store(folder);
   gloo::transport::tcp::attr attributes;
-  attributes.hostname = "127.0.0.1";
+  // The address the ranks' own Gloo listens on (scripts/simulate_nodes.sh gives each node its own).
+  attributes.hostname = std::getenv("GRADSYNC_GLOO_HOST") ? std::getenv("GRADSYNC_GLOO_HOST") : "127.0.0.1";
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   auto device = gloo::transport::tcp::CreateDevice(attributes);
   context->connectFullMesh(store, device);
@@ -246,14 +248,56 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
   }
 }
 
+// A duplicate of `comm` made while the environment has `variables` (a duplicate reads the
+// knobs again), which are unset afterwards.
+std::unique_ptr<comm::Communicator> duplicate_with(comm::Communicator& comm,
+                                                   const std::vector<std::pair<const char*, const char*>>& variables) {
+  for (const auto& [name, value] : variables) ::setenv(name, value, 1);
+  auto duplicate = comm.duplicate();
+  for (const auto& [name, value] : variables) ::unsetenv(name);
+  return duplicate;
+}
+
 // A duplicate of `comm` in reproducible mode with `algorithm` (owner or chain).
 std::unique_ptr<comm::Communicator> reproducible_duplicate(comm::Communicator& comm, const char* algorithm) {
-  ::setenv("GRADSYNC_REPRODUCIBLE", "1", 1);
-  ::setenv("GRADSYNC_REPRODUCIBLE_ALGORITHM", algorithm, 1);
-  auto duplicate = comm.duplicate();
-  ::unsetenv("GRADSYNC_REPRODUCIBLE");
-  ::unsetenv("GRADSYNC_REPRODUCIBLE_ALGORITHM");
-  return duplicate;
+  return duplicate_with(comm, {{"GRADSYNC_REPRODUCIBLE", "1"}, {"GRADSYNC_REPRODUCIBLE_ALGORITHM", algorithm}});
+}
+
+// Ranks on several nodes (scripts/simulate_nodes.sh, or real ones): the flat allreduce against
+// the hierarchical one, same run, with bus bandwidth (nccl-tests' definition over the whole
+// world: algbw * 2(n-1)/n) beside the link's rate (GRADSYNC_LINK_MBPS, which
+// simulate_nodes.sh --measure-link measures with one TCP stream between two nodes).
+void hierarchical_sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw) {
+  const int n = comm.size();
+  auto flat = duplicate_with(comm, {{"GRADSYNC_HIERARCHICAL", "0"}});
+  auto hierarchical = duplicate_with(comm, {{"GRADSYNC_HIERARCHICAL", "1"}});
+  const char* link_text = std::getenv("GRADSYNC_LINK_MBPS");
+  const double link = link_text != nullptr ? std::atof(link_text) : 0.0;  // MB/s
+  if (comm.rank() == 0) {
+    std::printf("\n%s, %d ranks, f32 sum: flat against hierarchical allreduce; link %s MB/s\n", comm.backend(), n,
+                link > 0 ? link_text : "unknown (set GRADSYNC_LINK_MBPS)");
+    std::printf("%12s %10s %10s %10s %11s %11s %10s %10s %9s\n", "bytes", "raw us", "flat us", "hier us",
+                "flat busbw", "hier busbw", "flat/link", "hier/link", "hier/flat");
+  }
+  for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const int iterations = static_cast<int>(std::clamp<std::int64_t>((32 << 20) / bytes, 3, 100));
+    Tensor data = Tensor::zeros({bytes / 4}, DType::f32);
+    const double raw_seconds = time_calls(comm, iterations, [&] { raw.allreduce(data); });
+    const double flat_seconds = time_calls(comm, iterations, [&] { flat->allreduce(data, comm::ReduceOp::sum); });
+    const double hier_seconds =
+        time_calls(comm, iterations, [&] { hierarchical->allreduce(data, comm::ReduceOp::sum); });
+    if (comm.rank() == 0) {
+      const auto busbw = [&](double seconds) { return static_cast<double>(bytes) / seconds / 1e6 * bus_factor(Op::allreduce, n); };
+      std::printf("%12lld %10.1f %10.1f %10.1f %11.1f %11.1f", static_cast<long long>(bytes), raw_seconds * 1e6,
+                  flat_seconds * 1e6, hier_seconds * 1e6, busbw(flat_seconds), busbw(hier_seconds));
+      if (link > 0) {
+        std::printf(" %10.2f %10.2f", busbw(flat_seconds) / link, busbw(hier_seconds) / link);
+      } else {
+        std::printf(" %10s %10s", "-", "-");
+      }
+      std::printf(" %8.2fx\n", hier_seconds / flat_seconds);
+    }
+  }
 }
 
 // Reproducible mode's cost: the allreduce and the reduce-scatter with each ordered algorithm
@@ -350,8 +394,11 @@ int main(int argc, char** argv) try {
                            "  allreduce, allgather and broadcast from 4 B to N bytes, ours against the raw library call\n"
                            "  (and torch.distributed with --torch FILE from benchmarks/torch_collectives.py); run on\n"
                            "  several ranks: mpirun -np 2 ..., or scripts/launch.sh 2 ... --backend gloo\n"
-                           "  [--reproducible: instead, the cost of reproducible mode (both algorithms) on mpi or gloo]",
-                           {"--backend", "--max-bytes", "--torch", "--device"}, {"--reproducible"});
+                           "  [--reproducible: instead, the cost of reproducible mode (both algorithms) on mpi or gloo]\n"
+                           "  [--hierarchical: instead, flat against hierarchical allreduce, for ranks on several nodes:\n"
+                           "   scripts/simulate_nodes.sh --measure-link -- build/benchmarks/bench_collectives --backend gloo\n"
+                           "   --hierarchical]",
+                           {"--backend", "--max-bytes", "--torch", "--device"}, {"--reproducible", "--hierarchical"});
   const std::string backend = flags.text("--backend", "mpi");
   const std::string torch_path = flags.text("--torch", "");
   const std::int64_t max_bytes = flags.integer("--max-bytes", 64 << 20);
@@ -368,10 +415,12 @@ int main(int argc, char** argv) try {
   if (backend == "mpi") {
     auto comm = comm::connect("mpi");
     if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_mpi()), 0;
+    if (flags.flag("--hierarchical")) return hierarchical_sweep(*comm, max_bytes, raw_mpi()), 0;
     sweep(*comm, max_bytes, raw_mpi(), torch);
   } else if (backend == "gloo") {
     auto comm = comm::connect("gloo");
     if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size())), 0;
+    if (flags.flag("--hierarchical")) return hierarchical_sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size())), 0;
     sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size()), torch);
   } else if (backend == "nccl") {
 #if GRADSYNC_WITH_NCCL

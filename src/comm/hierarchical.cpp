@@ -66,8 +66,8 @@ struct Topology {
 
 class HierarchicalBackend final : public Backend {
  public:
-  HierarchicalBackend(std::unique_ptr<Backend> flat, Settings settings, std::shared_ptr<const Topology> topology)
-      : flat_(std::move(flat)), settings_(std::move(settings)), topology_(std::move(topology)) {}
+  HierarchicalBackend(std::unique_ptr<Backend> flat, CommOptions requested)
+      : flat_(std::move(flat)), requested_(std::move(requested)), settings_(resolve(requested_)) {}
 
   const char* name() const override { return flat_->name(); }
   int rank() const override { return flat_->rank(); }
@@ -137,15 +137,15 @@ class HierarchicalBackend final : public Backend {
   std::string explain(const std::string& message) const override { return flat_->explain(message); }
 
  protected:
-  // The same ranks: the topology carries over (learned or not, alike on every rank).
+  // A duplicate or a group reads the environment again (as reproducible mode does), and checks
+  // and learns its settings and topology at its own first allreduce.
   std::unique_ptr<Backend> make_duplicate() override {
-    return std::make_unique<HierarchicalBackend>(flat_->duplicate(), settings_, topology_);
+    return std::make_unique<HierarchicalBackend>(flat_->duplicate(), requested_);
   }
-  // Other ranks: the group learns its own topology.
   std::unique_ptr<Backend> make_split(int color, int key, const SplitPlace& place) override {
     std::unique_ptr<Backend> child = flat_->split(color, key, place);
     if (child == nullptr) return nullptr;
-    return std::make_unique<HierarchicalBackend>(std::move(child), settings_, nullptr);
+    return std::make_unique<HierarchicalBackend>(std::move(child), requested_);
   }
 
  private:
@@ -240,6 +240,7 @@ class HierarchicalBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> flat_;
+  CommOptions requested_;  // what the communicator was made with (the environment fills in the rest)
   Settings settings_;
   std::shared_ptr<const Topology> topology_;  // null until the first allreduce
   std::mutex groups_mutex_;                   // abort() comes from another thread
@@ -252,7 +253,7 @@ class HierarchicalBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> with_hierarchy(std::unique_ptr<Backend> flat, const CommOptions& options) {
-  return std::make_unique<HierarchicalBackend>(std::move(flat), resolve(options), nullptr);
+  return std::make_unique<HierarchicalBackend>(std::move(flat), options);
 }
 
 }  // namespace gradsync::comm

@@ -262,18 +262,24 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> duplicate() override {
     std::lock_guard<std::mutex> lock(launch_mutex_);
     const std::string what = "ncclCommSplit (duplicate #" + std::to_string(duplicates_++) + ")";
-    auto child = std::make_shared<NcclState>(state_->rank_, state_->size_, state_->device_, state_->timeout_,
-                                             state_->recorder_->name() + "/" + std::to_string(duplicates_));
-    {
-      std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
-      state_->require_usable(what);
-      DeviceGuard device(state_->device_);
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      state_->check(ncclCommSplit(state_->comm_, 0, state_->rank_, &child->comm_, &config), what);
-    }
-    child->settle(what);
-    return std::make_unique<NcclCommunicator>(std::move(child), check_agreement_);
+    return split_as(0, state_->rank_, SplitPlace{state_->rank_, state_->size_, {}}, what,
+                    state_->recorder_->name() + "/" + std::to_string(duplicates_));
+  }
+
+  // ncclCommSplit. Every rank first learns every (color, key), as on the CPU backends: the
+  // group's places (split_place) are then known before NCCL makes it, and checked against it.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    GRADSYNC_CHECK(color >= kNoColor, "split: rank ", rank(), "'s color ", color, " must be >= 0 (or kNoColor)");
+    Tensor mine = Tensor::empty({2}, DType::i64);
+    mine.data_as<std::int64_t>()[0] = color;
+    mine.data_as<std::int64_t>()[1] = key;
+    Tensor all = Tensor::empty({2 * static_cast<std::int64_t>(size())}, DType::i64);
+    allgather_host(mine, all);
+    const std::vector<std::int64_t> table(all.data_as<std::int64_t>(), all.data_as<std::int64_t>() + all.numel());
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    const std::string what = "ncclCommSplit (split #" + std::to_string(splits_) + ", color " + std::to_string(color) + ")";
+    return split_as(color, key, split_place(table, rank()), what,
+                    state_->recorder_->name() + "/split" + std::to_string(splits_++) + "." + std::to_string(color));
   }
 
   std::string broken_reason() const override { return state_->ledger().broken_reason(); }
@@ -387,6 +393,31 @@ class NcclCommunicator final : public Communicator {
  private:
   using DeviceGuard = detail::CudaDeviceGuard;  // our GPU current for one launch
 
+  // The communicator of this rank's group at `place` (nullptr for kNoColor, after taking part:
+  // ncclCommSplit is collective over every rank). Called under launch_mutex_.
+  std::unique_ptr<Communicator> split_as(int color, int key, const SplitPlace& place, const std::string& what,
+                                         const std::string& name) {
+    auto child = std::make_shared<NcclState>(place.rank, place.size, state_->device_, state_->timeout_, name);
+    {
+      std::lock_guard<std::recursive_mutex> state_lock(state_->ledger().mutex());
+      state_->require_usable(what);
+      DeviceGuard device(state_->device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      state_->check(ncclCommSplit(state_->comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm_, &config),
+                    what);
+    }
+    if (color < 0) return nullptr;
+    child->settle(what);
+    int nccl_rank = -1;
+    int nccl_size = 0;
+    child->check(ncclCommUserRank(child->comm_, &nccl_rank), what);
+    child->check(ncclCommCount(child->comm_, &nccl_size), what);
+    GRADSYNC_CHECK(nccl_rank == place.rank && nccl_size == place.size, what, ": NCCL placed rank ", rank(), " at ",
+                   nccl_rank, " of ", nccl_size, ", the split's table at ", place.rank, " of ", place.size);
+    return std::make_unique<NcclCommunicator>(std::move(child), check_agreement_);
+  }
+
   template <typename Enqueue>
   WorkHandle launch(Descriptor descriptor, Enqueue&& enqueue) {
     std::lock_guard<std::mutex> lock(launch_mutex_);
@@ -468,6 +499,7 @@ class NcclCommunicator final : public Communicator {
   std::int64_t collective_sequence_ = 0;
   std::int64_t p2p_sequence_ = 0;
   int duplicates_ = 0;
+  int splits_ = 0;
 };
 
 }  // namespace

@@ -59,6 +59,20 @@ TEST_F(Nccl, DuplicateIsAnIndependentCommunicator) {
   EXPECT_EQ(t.to_double_vector()[999], 999.0);
 }
 
+// ncclCommSplit: a group of one works on its own, kNoColor gets nothing, and the parent goes on.
+TEST_F(Nccl, SplitMakesAGroupAndKNoColorGetsNone) {
+  auto comm = world();
+  auto group = comm->split(3, 0);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->size(), 1);
+  Tensor t = testing::filled(1000, DType::f32, [](std::int64_t j) { return static_cast<double>(j); }, Device::cuda(0));
+  group->allreduce(t, comm::ReduceOp::sum);
+  EXPECT_EQ(t.to_double_vector()[999], 999.0);
+  EXPECT_EQ(comm->split(comm::Communicator::kNoColor, 0), nullptr);
+  comm->allreduce(t, comm::ReduceOp::sum);
+  EXPECT_EQ(t.to_double_vector()[999], 999.0);
+}
+
 TEST_F(Nccl, DebugModeAgreementCheckRuns) {
   auto comm = world(/*debug=*/true);
   testing::check_collectives(*comm, {1, 33}, {DType::f32, DType::bf16});

@@ -163,7 +163,9 @@ class Communicator {
   // the same `color` form a new communicator, ordered by `key` (ties by their rank here); a rank
   // that passes kNoColor gets nullptr. Collective over this communicator, like duplicate(); the
   // new one has its own order of operations and progress, so work on it and on this one (or on
-  // another split) may be in flight at once. Gloo and MPI; NCCL refuses it for now, saying so.
+  // another split) may be in flight at once. Gloo (a new context through the store), MPI
+  // (MPI_Comm_split) and NCCL (ncclCommSplit). Messages of a group name a peer by its group rank
+  // and its world rank.
   static constexpr int kNoColor = -1;
   virtual std::unique_ptr<Communicator> split(int color, int key);
   // The first failure that broke this communicator, or empty while it is usable.
