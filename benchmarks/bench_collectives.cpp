@@ -28,6 +28,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -182,7 +183,12 @@ std::unique_ptr<comm::Communicator> unverified_duplicate(comm::Communicator& com
   return plain;
 }
 
-void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw, const TorchTable& torch) {
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw, const TorchTable& torch, int runs) {
   const int n = comm.size();
   const bool cpu = comm.device_type().is_cpu();
   std::unique_ptr<comm::Communicator> unverified = cpu ? unverified_duplicate(comm) : nullptr;
@@ -219,8 +225,14 @@ void sweep(comm::Communicator& comm, std::int64_t max_bytes, const RawCalls& raw
           theirs = [&] { raw.broadcast(data); };
           break;
       }
-      const double seconds = time_calls(comm, iterations, ours);
-      const double raw_seconds = time_calls(comm, iterations, theirs);
+      // --runs R: ours and raw R times, alternating, each figure the median of its R.
+      std::vector<double> ours_runs, raw_runs;
+      for (int run = 0; run < runs; ++run) {
+        ours_runs.push_back(time_calls(comm, iterations, ours));
+        raw_runs.push_back(time_calls(comm, iterations, theirs));
+      }
+      const double seconds = median(ours_runs);
+      const double raw_seconds = median(raw_runs);
       double unverified_seconds = 0;
       if (unverified && op == Op::allreduce) {
         unverified_seconds = time_calls(comm, iterations, [&] { unverified->allreduce(data, comm::ReduceOp::sum); });
@@ -389,6 +401,7 @@ void staged_sweep(comm::Communicator& comm, std::int64_t max_bytes, Device devic
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_collectives [--backend mpi|gloo|nccl (mpi)] [--max-bytes N (64 MiB)] [--torch FILE]\n"
+                           "  [--runs R (1): ours and the raw call R times each, alternating; the medians]\n"
                            "  [--device cuda (mpi, gloo: device tensors staged through pinned memory, against\n"
                            "  the host allreduce plus one copy each way)]\n"
                            "  allreduce, allgather and broadcast from 4 B to N bytes, ours against the raw library call\n"
@@ -398,10 +411,11 @@ int main(int argc, char** argv) try {
                            "  [--hierarchical: instead, flat against hierarchical allreduce, for ranks on several nodes:\n"
                            "   scripts/simulate_nodes.sh --measure-link -- build/benchmarks/bench_collectives --backend gloo\n"
                            "   --hierarchical]",
-                           {"--backend", "--max-bytes", "--torch", "--device"}, {"--reproducible", "--hierarchical"});
+                           {"--backend", "--max-bytes", "--torch", "--device", "--runs"}, {"--reproducible", "--hierarchical"});
   const std::string backend = flags.text("--backend", "mpi");
   const std::string torch_path = flags.text("--torch", "");
   const std::int64_t max_bytes = flags.integer("--max-bytes", 64 << 20);
+  const int runs = static_cast<int>(std::max<std::int64_t>(flags.integer("--runs", 1), 1));
   const TorchTable torch = read_torch_table(torch_path);
   const Device device = Device::parse(flags.text("--device", "cpu"));
   if (device.is_cuda()) {
@@ -416,16 +430,16 @@ int main(int argc, char** argv) try {
     auto comm = comm::connect("mpi");
     if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_mpi()), 0;
     if (flags.flag("--hierarchical")) return hierarchical_sweep(*comm, max_bytes, raw_mpi()), 0;
-    sweep(*comm, max_bytes, raw_mpi(), torch);
+    sweep(*comm, max_bytes, raw_mpi(), torch, runs);
   } else if (backend == "gloo") {
     auto comm = comm::connect("gloo");
     if (flags.flag("--reproducible")) return reproducible_sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size())), 0;
     if (flags.flag("--hierarchical")) return hierarchical_sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size())), 0;
-    sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size()), torch);
+    sweep(*comm, max_bytes, raw_gloo(comm->rank(), comm->size()), torch, runs);
   } else if (backend == "nccl") {
 #if GRADSYNC_WITH_NCCL
     auto comm = comm::connect("nccl", Device::cuda());
-    sweep(*comm, max_bytes, raw_nccl(*comm), torch);
+    sweep(*comm, max_bytes, raw_nccl(*comm), torch, runs);
 #else
     throw Error("this build has no NCCL");
 #endif

@@ -42,7 +42,7 @@ constexpr std::array kKnobs{
          "each slice across nodes, allgather inside); 0: never; auto: from GRADSYNC_HIERARCHICAL_MIN_KB up, when every "
          "node runs the same number of ranks, more than one (CommOptions::hierarchical)",
          "comm (CPU communicators)"},
-    Knob{"GRADSYNC_HIERARCHICAL_MIN_KB", "64",
+    Knob{"GRADSYNC_HIERARCHICAL_MIN_KB", "2048",
          "the smallest allreduce (KiB) that auto mode makes hierarchical", "comm (CPU communicators)"},
     Knob{"GRADSYNC_NODE", "unset",
          "the name of the node this rank runs on (ranks with the same name share one); unset: torchrun's GROUP_RANK, "
@@ -178,7 +178,7 @@ std::optional<bool> hierarchical() {
   return switch_knob("GRADSYNC_HIERARCHICAL", false);
 }
 std::size_t hierarchical_min_bytes() {
-  return static_cast<std::size_t>(whole_number("GRADSYNC_HIERARCHICAL_MIN_KB", 0, 1LL << 30, "KiB").value_or(64)) << 10;
+  return static_cast<std::size_t>(whole_number("GRADSYNC_HIERARCHICAL_MIN_KB", 0, 1LL << 30, "KiB").value_or(2048)) << 10;
 }
 std::optional<std::string> node() { return text_knob("GRADSYNC_NODE"); }
 std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST"); }

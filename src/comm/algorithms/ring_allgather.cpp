@@ -12,7 +12,7 @@ void ring_allgather(Transport& transport, std::byte* data, const std::vector<std
   const auto bytes = [&](int chunk) { return begin(chunk + 1) - begin(chunk); };
   std::size_t largest = 0;
   for (int chunk = 0; chunk < transport.size(); ++chunk) largest = std::max(largest, bytes(chunk));
-  const std::size_t segment = segment_size(largest, element);
+  const std::size_t segment = transport.ring_segment(largest, element);
   for (int step = 0; step < transport.size() - 1; ++step) {
     const int send_chunk = transport.wrap(rank + first_owned - step);
     const int receive_chunk = transport.wrap(rank + first_owned - step - 1);

@@ -15,7 +15,7 @@ void ring_reduce_scatter(Transport& transport, std::byte* data, std::byte* outpu
   const auto bytes = [&](int chunk) { return begin(chunk + 1) - begin(chunk); };
   std::size_t largest = 0;
   for (int chunk = 0; chunk < n; ++chunk) largest = std::max(largest, bytes(chunk));
-  const std::size_t segment = segment_size(largest, element);
+  const std::size_t segment = transport.ring_segment(largest, element);
   const bool in_place = output == nullptr;
   // The arriving partial sums, and out of place the two accumulators.
   std::byte* received = transport.scratch((in_place ? 1 : 3) * largest + element);

@@ -40,6 +40,10 @@ class Transport {
     return scratch_.data();
   }
 
+  // How a ring cuts a chunk of `chunk_bytes` into messages (segment_size below, unless the
+  // transport knows better: MPI between two ranks sends each chunk whole).
+  virtual std::size_t ring_segment(std::size_t chunk_bytes, std::size_t element) const;
+
   int right() const { return (rank() + 1) % size(); }
   int left() const { return (rank() + size() - 1) % size(); }
   int wrap(int chunk) const { return ((chunk % size()) + size()) % size(); }
@@ -55,6 +59,10 @@ inline std::size_t segment_size(std::size_t chunk_bytes, std::size_t element) {
   constexpr std::size_t kMinSegmentBytes = 16 << 10;
   constexpr std::size_t kMaxSegmentBytes = 1 << 20;
   return std::max(std::clamp(chunk_bytes / 2, kMinSegmentBytes, kMaxSegmentBytes) / element * element, element);
+}
+
+inline std::size_t Transport::ring_segment(std::size_t chunk_bytes, std::size_t element) const {
+  return segment_size(chunk_bytes, element);
 }
 
 // Posts one message per segment of [data, data + bytes), to or from `peer`.
