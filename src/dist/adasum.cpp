@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "completed_work.h"
 #include "gradsync/kernels/ops.h"
 
 namespace gradsync::dist {
@@ -19,17 +20,6 @@ std::pair<double, double> coefficients(double dot, double a_norm_sq, double b_no
 }
 
 // A Work that is already done: the hook ran synchronously.
-class CompletedWork final : public comm::Work {
- public:
-  explicit CompletedWork(std::string description) : description_(std::move(description)) {}
-  bool is_completed() const override { return true; }
-  void wait(std::chrono::milliseconds) override {}
-  const std::string& description() const override { return description_; }
-
- private:
-  std::string description_;
-};
-
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // Sends `outgoing` to the partner and receives `incoming` from it (host tensors; the one that

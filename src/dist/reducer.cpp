@@ -171,6 +171,7 @@ struct Reducer::Impl {
                      "(frozen parameters between them?)");
       buckets.push_back(std::move(bucket));
     }
+    for (Bucket& bucket : buckets) bucket.info.bucket_count = buckets.size();
     GRADSYNC_CHECK(!(options.reduce_scatter && options.hook), "Reducer: reduce_scatter (ZeRO stage 2) and a reduce ",
                    "hook do not combine: a hook reduces the whole bucket");
   }

@@ -108,6 +108,7 @@ struct BucketInfo {
   Device device;
   std::int64_t numel = 0;  // flat buffer elements (padding between arena members included)
   bool arena_view = false;  // true: the flat buffer is a view of the gradient arena
+  std::size_t bucket_count = 1;  // buckets of the Reducer: index bucket_count - 1 is launched last in a round
 };
 
 class Reducer {

@@ -1,0 +1,347 @@
+// PowerSGD (powersgd.h), step by step as torch's powerSGD_hook, so that the same seed, model
+// and data give the same P, Q, error and gradients (tests/reference/gen_powersgd.py).
+#include "gradsync/dist/powersgd.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+
+#include "completed_work.h"
+#include "gradsync/kernels/ops.h"
+#include "torch_random.h"
+
+namespace gradsync::dist {
+
+struct PowerSGDState::Impl {
+  PowerSGDOptions options;
+  random::Mt19937 rng;  // numpy.random.RandomState(random_seed): one draw per bucket randomised
+  std::int64_t iteration = 0;
+  std::int64_t numel_before = 0;
+  std::int64_t numel_after = 0;
+  std::map<std::size_t, Tensor> error;     // by bucket: what the approximation missed on this rank
+  std::map<std::size_t, Tensor> p_memory;  // by bucket: every compressed matrix's P, one buffer
+  std::map<std::size_t, Tensor> q_memory;  // by bucket: ... and Q (kept for the warm start)
+};
+
+namespace {
+
+template <typename T>
+using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using MatrixMap = Eigen::Map<Matrix<T>>;
+
+// "bucket 3 (h.0.weight, h.0.bias, ...)" for messages.
+std::string bucket_name(const BucketInfo& info) {
+  std::string name = "bucket " + std::to_string(info.index) + " (";
+  for (std::size_t m = 0; m < info.members.size() && m < 3; ++m) name += (m ? ", " : "") + info.members[m]->name();
+  return name + (info.members.size() > 3 ? ", ...)" : ")");
+}
+
+// torch's _orthogonalize_gram_schmidt on one rows x r matrix: each column is normalised (its
+// norm plus epsilon), then its projection removed from the columns after it.
+template <typename T>
+void gram_schmidt(MatrixMap<T> matrix, double epsilon, const std::string& what) {
+  for (Eigen::Index i = 0; i < matrix.cols(); ++i) {
+    const T norm = matrix.col(i).norm();
+    GRADSYNC_CHECK(norm + epsilon > 0, "PowerSGD: ", what, " has an all-zero column to orthogonalize (a vanishing ",
+                   "gradient); set PowerSGDOptions::orthogonalization_epsilon (e.g. 1e-8), as PyTorch advises");
+    matrix.col(i) /= norm + static_cast<T>(epsilon);
+    for (Eigen::Index j = i + 1; j < matrix.cols(); ++j) {
+      matrix.col(j) -= matrix.col(i).dot(matrix.col(j)) * matrix.col(i);
+    }
+  }
+}
+
+// torch.linalg.qr's Q (LAPACK's Householder reflections, whose signs Eigen's follow too), what
+// torch uses from rank 3 on.
+template <typename T>
+void householder(MatrixMap<T> matrix) {
+  const Eigen::HouseholderQR<Matrix<T>> qr(matrix);
+  matrix = qr.householderQ() * Matrix<T>::Identity(matrix.rows(), matrix.cols());
+}
+
+template <typename T>
+void orthogonalize(MatrixMap<T> matrix, double epsilon, const std::string& what) {
+  if (matrix.cols() <= 2) {
+    gram_schmidt<T>(matrix, epsilon, what);
+  } else {
+    householder<T>(matrix);
+  }
+}
+
+// Matrices of one shape, compressed together: `offsets` in the flat buffer (one matrix unless
+// batched), and where the first one's P and Q start in the bucket's memories.
+struct Block {
+  std::vector<std::int64_t> offsets;
+  std::vector<std::string> names;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t rank = 0;
+  std::int64_t p_offset = 0;
+  std::int64_t q_offset = 0;
+};
+
+struct Plain {
+  std::int64_t offset;
+  std::int64_t numel;
+};
+
+template <typename T>
+void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tensor& flat, const BucketInfo& info) {
+  const PowerSGDOptions& options = state.options;
+  const std::size_t b = info.index;
+  const double world = comm.size();
+  T* data = flat.data_as<T>();
+
+  // Error feedback: last step's residue joins this step's gradient.
+  Tensor input_copy;
+  if (options.use_error_feedback) {
+    auto found = state.error.find(b);
+    if (found == state.error.end()) {
+      state.error[b] = Tensor::zeros({flat.numel()}, flat.dtype());
+    } else {
+      GRADSYNC_CHECK(found->second.numel() == flat.numel(), "PowerSGD: ", bucket_name(info), " holds ", flat.numel(),
+                     " elements, its error feedback ", found->second.numel(), ": the buckets changed under the state");
+      ops::axpy(1.0, found->second, flat);
+    }
+    input_copy = flat.clone();
+  }
+
+  // Which tensors are worth compressing: (rows + cols) r x min_compression_rate < rows x cols.
+  std::vector<Block> groups;  // one per shape, in order of first appearance
+  std::vector<Plain> plain;
+  std::int64_t p_total = 0;
+  std::int64_t q_total = 0;
+  std::int64_t plain_total = 0;
+  for (std::size_t m = 0; m < info.members.size(); ++m) {
+    const Parameter& member = *info.members[m];
+    const std::int64_t rows = member.shape().empty() ? 1 : member.shape()[0];
+    const std::int64_t cols = rows > 0 ? member.numel() / rows : 0;
+    const std::int64_t rank = std::min({rows, cols, static_cast<std::int64_t>(options.matrix_approximation_rank)});
+    const std::int64_t compressed = (rows + cols) * rank;
+    state.numel_before += member.numel();
+    if (member.numel() > 0 && static_cast<double>(compressed) * options.min_compression_rate < static_cast<double>(member.numel())) {
+      state.numel_after += compressed;
+      p_total += rows * rank;
+      q_total += cols * rank;
+      auto group = std::find_if(groups.begin(), groups.end(),
+                                [&](const Block& g) { return g.rows == rows && g.cols == cols; });
+      if (group == groups.end()) group = groups.insert(groups.end(), Block{{}, {}, rows, cols, rank, 0, 0});
+      group->offsets.push_back(info.member_offset[m]);
+      group->names.push_back(member.name());
+    } else {
+      state.numel_after += member.numel();
+      plain.push_back({info.member_offset[m], member.numel()});
+      plain_total += member.numel();
+    }
+  }
+  // The blocks in memory order: by shape, a block per matrix unless batched.
+  std::vector<Block> blocks;
+  std::int64_t p_at = 0;
+  std::int64_t q_at = 0;
+  for (const Block& group : groups) {
+    const std::size_t per_block = options.batch_tensors_with_same_shape ? group.offsets.size() : 1;
+    for (std::size_t first = 0; first < group.offsets.size(); first += per_block) {
+      Block block = group;
+      block.offsets.assign(group.offsets.begin() + static_cast<std::ptrdiff_t>(first),
+                           group.offsets.begin() + static_cast<std::ptrdiff_t>(first + per_block));
+      block.names.assign(group.names.begin() + static_cast<std::ptrdiff_t>(first),
+                         group.names.begin() + static_cast<std::ptrdiff_t>(first + per_block));
+      block.p_offset = p_at;
+      block.q_offset = q_at;
+      p_at += static_cast<std::int64_t>(per_block) * block.rows * block.rank;
+      q_at += static_cast<std::int64_t>(per_block) * block.cols * block.rank;
+      blocks.push_back(std::move(block));
+    }
+  }
+
+  const bool randomize = !options.warm_start || state.p_memory.count(b) == 0;
+  if (randomize) {
+    state.p_memory[b] = Tensor::empty({p_total}, flat.dtype());
+    state.q_memory[b] = Tensor::empty({q_total}, flat.dtype());
+  }
+  GRADSYNC_CHECK(state.p_memory[b].numel() == p_total && state.q_memory[b].numel() == q_total, "PowerSGD: ",
+                 bucket_name(info), " needs ", p_total, " + ", q_total, " elements of P and Q, its memory holds ",
+                 state.p_memory[b].numel(), " + ", state.q_memory[b].numel(), ": the buckets changed under the state");
+  T* p_memory = state.p_memory[b].data_as<T>();
+  T* q_memory = state.q_memory[b].data_as<T>();
+  const auto each = [&](const auto& body) {
+    for (const Block& block : blocks) {
+      for (std::size_t k = 0; k < block.offsets.size(); ++k) {
+        const std::int64_t i = static_cast<std::int64_t>(k);
+        body(block, block.names[k], MatrixMap<T>(data + block.offsets[k], block.rows, block.cols),
+             MatrixMap<T>(p_memory + block.p_offset + i * block.rows * block.rank, block.rows, block.rank),
+             MatrixMap<T>(q_memory + block.q_offset + i * block.cols * block.rank, block.cols, block.rank));
+      }
+    }
+  };
+
+  // Q: last step's (warm start), or random, the same on every rank (a shared seed).
+  if (randomize) {
+    random::TorchNormal normal(static_cast<std::uint32_t>(random::numpy_randint(state.rng, 1'000'000'000)));
+    for (const Block& block : blocks) {
+      normal.fill(q_memory + block.q_offset, static_cast<std::size_t>(block.offsets.size() * block.cols * block.rank));
+    }
+  }
+  each([&](const Block&, const std::string& name, auto, auto, auto q) {
+    orthogonalize<T>(q, options.orthogonalization_epsilon, "the Q of " + name);
+  });
+  // P = M Q, summed over ranks, orthogonalized.
+  each([](const Block&, const std::string&, auto m, auto p, auto q) { p.noalias() = m * q; });
+
+  // The tensors not worth compressing: one message for all of them, averaged.
+  Tensor uncompressed = Tensor::empty({plain_total}, flat.dtype());
+  std::int64_t at = 0;
+  for (const Plain& piece : plain) {
+    Tensor target = uncompressed.view(static_cast<std::size_t>(at), {piece.numel});
+    ops::copy(flat.view(static_cast<std::size_t>(piece.offset), {piece.numel}), target);
+    at += piece.numel;
+  }
+  comm.allreduce(uncompressed, comm::ReduceOp::sum);
+  ops::scale(uncompressed, 1.0 / world);
+  at = 0;
+  for (const Plain& piece : plain) {
+    Tensor target = flat.view(static_cast<std::size_t>(piece.offset), {piece.numel});
+    ops::copy(uncompressed.view(static_cast<std::size_t>(at), {piece.numel}), target);
+    at += piece.numel;
+  }
+
+  comm.allreduce(state.p_memory[b], comm::ReduceOp::sum);  // orthogonalized next: no division needed
+  each([&](const Block&, const std::string& name, auto, auto p, auto) {
+    orthogonalize<T>(p, options.orthogonalization_epsilon, "the P of " + name);
+  });
+  // Q = M^T P, averaged; then M = P Q^T, the same on every rank.
+  each([](const Block&, const std::string&, auto m, auto p, auto q) { q.noalias() = m.transpose() * p; });
+  comm.allreduce(state.q_memory[b], comm::ReduceOp::sum);
+  ops::scale(state.q_memory[b], 1.0 / world);
+  each([](const Block&, const std::string&, auto m, auto p, auto q) { m.noalias() = p * q.transpose(); });
+
+  if (options.use_error_feedback) {
+    Tensor& error = state.error[b];
+    ops::copy(input_copy, error);
+    ops::axpy(-1.0, flat, error);
+  }
+  if (!options.warm_start) {
+    state.p_memory.clear();
+    state.q_memory.clear();
+  }
+}
+
+}  // namespace
+
+PowerSGDState::PowerSGDState(PowerSGDOptions options) : impl_(std::make_unique<Impl>()) {
+  GRADSYNC_CHECK(options.matrix_approximation_rank >= 1, "PowerSGDOptions: matrix_approximation_rank must be >= 1, got ",
+                 options.matrix_approximation_rank);
+  GRADSYNC_CHECK(options.min_compression_rate > 0, "PowerSGDOptions: min_compression_rate must be > 0, got ",
+                 options.min_compression_rate);
+  GRADSYNC_CHECK(options.orthogonalization_epsilon >= 0, "PowerSGDOptions: orthogonalization_epsilon must be >= 0, got ",
+                 options.orthogonalization_epsilon);
+  // PyTorch's rule: DDP may rebuild its buckets after the first step, which would misplace the
+  // error and the warm-started Q.
+  GRADSYNC_CHECK(!(options.use_error_feedback || options.warm_start) || options.start_powerSGD_iter > 1,
+                 "PowerSGDOptions: start_powerSGD_iter must be > 1 with use_error_feedback or warm_start, got ",
+                 options.start_powerSGD_iter);
+  impl_->options = options;
+  impl_->rng = random::Mt19937(options.random_seed);
+}
+
+PowerSGDState::~PowerSGDState() = default;
+
+const PowerSGDOptions& PowerSGDState::options() const { return impl_->options; }
+std::int64_t PowerSGDState::iteration() const { return impl_->iteration; }
+std::int64_t PowerSGDState::numel_before_compression() const { return impl_->numel_before; }
+std::int64_t PowerSGDState::numel_after_compression() const { return impl_->numel_after; }
+
+std::map<std::string, Tensor> PowerSGDState::state_dict() const {
+  std::map<std::string, Tensor> state;
+  const auto add = [&](const char* kind, const std::map<std::size_t, Tensor>& tensors) {
+    for (const auto& [bucket, tensor] : tensors) state[std::string(kind) + "." + std::to_string(bucket)] = tensor.clone();
+  };
+  add("error", impl_->error);
+  add("p", impl_->p_memory);
+  add("q", impl_->q_memory);
+  const std::vector<std::int64_t> counters{impl_->iteration, impl_->numel_before, impl_->numel_after};
+  Tensor iteration = Tensor::empty({3}, DType::i64);
+  std::copy(counters.begin(), counters.end(), iteration.data_as<std::int64_t>());
+  state["iteration"] = iteration;
+  const std::vector<std::int64_t> rng = impl_->rng.save();
+  Tensor saved = Tensor::empty({static_cast<std::int64_t>(rng.size())}, DType::i64);
+  std::copy(rng.begin(), rng.end(), saved.data_as<std::int64_t>());
+  state["rng"] = saved;
+  return state;
+}
+
+void PowerSGDState::load_state_dict(const std::map<std::string, Tensor>& state) {
+  Impl loaded;
+  loaded.options = impl_->options;
+  bool has_iteration = false;
+  bool has_rng = false;
+  for (const auto& [name, tensor] : state) {
+    GRADSYNC_CHECK(tensor.defined() && tensor.device().is_cpu(), "PowerSGDState::load_state_dict: '", name,
+                   "' is not a host tensor");
+    if (name == "iteration" || name == "rng") {
+      GRADSYNC_CHECK(tensor.dtype() == DType::i64, "PowerSGDState::load_state_dict: '", name, "' must be i64, got ",
+                     dtype_name(tensor.dtype()));
+      const std::int64_t* values = tensor.data_as<std::int64_t>();
+      if (name == "iteration") {
+        GRADSYNC_CHECK(tensor.numel() == 3, "PowerSGDState::load_state_dict: 'iteration' holds 3 counters, got ",
+                       tensor.numel());
+        loaded.iteration = values[0];
+        loaded.numel_before = values[1];
+        loaded.numel_after = values[2];
+        has_iteration = true;
+      } else {
+        loaded.rng.load(std::vector<std::int64_t>(values, values + tensor.numel()));
+        has_rng = true;
+      }
+      continue;
+    }
+    const std::size_t dot = name.find('.');
+    const std::string kind = name.substr(0, dot);
+    std::size_t bucket = 0;
+    try {
+      GRADSYNC_CHECK(dot != std::string::npos, "");
+      std::size_t used = 0;
+      bucket = std::stoul(name.substr(dot + 1), &used);
+      GRADSYNC_CHECK(used == name.size() - dot - 1, "");
+    } catch (const std::exception&) {
+      detail::throw_error("PowerSGDState::load_state_dict: '", name, "' is not error.<bucket>, p.<bucket>, q.<bucket>, ",
+                          "iteration or rng");
+    }
+    GRADSYNC_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64, "PowerSGDState::load_state_dict: '",
+                   name, "' must be f32 or f64, got ", dtype_name(tensor.dtype()));
+    std::map<std::size_t, Tensor>* target = kind == "error" ? &loaded.error
+                                            : kind == "p"   ? &loaded.p_memory
+                                            : kind == "q"   ? &loaded.q_memory
+                                                            : nullptr;
+    GRADSYNC_CHECK(target != nullptr, "PowerSGDState::load_state_dict: '", name,
+                   "' is not error.<bucket>, p.<bucket>, q.<bucket>, iteration or rng");
+    (*target)[bucket] = tensor.flatten().clone();
+  }
+  GRADSYNC_CHECK(has_iteration && has_rng, "PowerSGDState::load_state_dict: the state lacks '",
+                 has_iteration ? "rng" : "iteration", "'");
+  *impl_ = std::move(loaded);
+}
+
+ReduceHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
+  GRADSYNC_CHECK(state != nullptr, "powersgd_hook: no state");
+  return [state](comm::Communicator& comm, Tensor& flat, const BucketInfo& info) -> comm::WorkHandle {
+    PowerSGDState::Impl& impl = state->impl();
+    GRADSYNC_CHECK(flat.device().is_cpu(), "PowerSGD: ", bucket_name(info), " is on ", flat.device().str(),
+                   "; this PowerSGD runs on host tensors (CUDA kernels are not written yet)");
+    GRADSYNC_CHECK(flat.dtype() == DType::f32 || flat.dtype() == DType::f64, "PowerSGD: ", bucket_name(info), " holds ",
+                   dtype_name(flat.dtype()), " gradients; PowerSGD runs on f32 and f64 (keep f32 gradients, or use ",
+                   "Compression::bf16 instead)");
+    if (impl.iteration < impl.options.start_powerSGD_iter) {
+      comm.allreduce(flat, comm::ReduceOp::avg);  // plain averaging until PowerSGD starts
+    } else if (flat.dtype() == DType::f32) {
+      compress_bucket<float>(impl, comm, flat, info);
+    } else {
+      compress_bucket<double>(impl, comm, flat, info);
+    }
+    if (info.index + 1 == info.bucket_count) ++impl.iteration;  // the round's last bucket ends a step
+    return std::make_shared<CompletedWork>("powerSGD " + bucket_name(info));
+  };
+}
+
+}  // namespace gradsync::dist
