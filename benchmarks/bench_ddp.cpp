@@ -12,6 +12,7 @@
 // DataParallel to the steps with it, next to one bucket (25 MiB).
 //
 //   mpirun -np 2 build/benchmarks/bench_ddp [--microbatches 1,2,4,8] [--strategies single,multi,forced]
+//   scripts/simulate_nodes.sh -- build/benchmarks/bench_ddp --backend gloo --microbatches 1 --strategies single --powersgd-rank 4
 //   benchmarks/compare_ddp.sh 2        (adds PyTorch DDP on gloo, same model, ranks, microbatches)
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "gradsync/core/timeline.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/powersgd.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/nn/loss.h"
@@ -75,7 +77,7 @@ int main(int argc, char** argv) try {
                            "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
                            "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
                            {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
-                            "--backend", "--timeline-cost", "--device"});
+                            "--backend", "--timeline-cost", "--device", "--powersgd-rank"});
   const std::string microbatch_list = flags.text("--microbatches", "1,4");
   const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
   const std::string torch_path = flags.text("--torch", "");
@@ -86,6 +88,7 @@ int main(int argc, char** argv) try {
   const int steps = static_cast<int>(flags.integer("--steps", 5));
   // The timeline's cost: the SINGLE step with it off, then recording into PATH (.rank<R>).
   const std::string timeline_path = flags.text("--timeline-cost", "");
+  const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const Device requested = Device::parse(flags.text("--device", "cpu"));
   auto comm = comm::connect(backend, requested);
   // NCCL: the rank's own GPU; a CPU backend with --device cuda: the GPU of the local rank,
@@ -151,6 +154,13 @@ int main(int argc, char** argv) try {
   }
   const double rss_before_ddp = peak_rss_bytes();
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, *comm);
+  // --powersgd-rank R: every step after the first two through PowerSGD (dist/powersgd.h).
+  std::shared_ptr<dist::PowerSGDState> powersgd;
+  if (powersgd_rank > 0) {
+    powersgd = std::make_shared<dist::PowerSGDState>(
+        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = 2});
+    ddp->data_parallel().register_comm_hook(dist::powersgd_hook(powersgd));
+  }
   if (comm->rank() == 0) {
     std::printf("%s, %d ranks, parameters on %s: %d x Linear(%d, %d) + ReLU, %.1fM parameters (%.0f MiB of gradients), %d samples per "
                 "microbatch, %zu buckets; one allreduce of all of it: %.1f ms\n",
@@ -188,6 +198,12 @@ int main(int argc, char** argv) try {
         std::printf("\n");
       }
     }
+  }
+  if (powersgd && comm->rank() == 0) {
+    std::printf("PowerSGD rank %d: %.2f MiB per compressed step to the collectives instead of %.2f (%.0fx fewer)\n",
+                powersgd_rank, static_cast<double>(powersgd->numel_after_compression()) * 4 / (1 << 20) / static_cast<double>(powersgd->iteration() - 2),
+                static_cast<double>(powersgd->numel_before_compression()) * 4 / (1 << 20) / static_cast<double>(powersgd->iteration() - 2),
+                static_cast<double>(powersgd->numel_before_compression()) / static_cast<double>(std::max<std::int64_t>(powersgd->numel_after_compression(), 1)));
   }
   if (!timeline_path.empty()) {
     const int microbatches = std::stoi(split(microbatch_list).back());

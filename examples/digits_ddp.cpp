@@ -36,6 +36,7 @@
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/join.h"
+#include "gradsync/dist/powersgd.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
@@ -59,7 +60,8 @@ int main(int argc, char** argv) try {
   if (flags.flag("--help")) {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
                 "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n"
-                "  --zero 0|1|2 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too)\n%s\n",
+                "  --zero 0|1|2 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too)\n"
+                "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n",
                 examples::kCommonHelp);
     return 0;
   }
@@ -69,6 +71,8 @@ int main(int argc, char** argv) try {
   const dist::DDPSyncStrategy strategy = strategy_from(flags.text("--sync-strategy", ""), find_unused);
   const bool divide_by_active = flags.flag("--divide-by-active");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
+  const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
+  const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   flags.finish();
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
   GRADSYNC_CHECK(zero_stage == 0 || !options.uneven || options.precision != "fp16", "--zero with --uneven does not ",
@@ -102,6 +106,13 @@ int main(int argc, char** argv) try {
       dist::ZeroOptimizer::State state = zero->consolidated_state();
       return examples::OptimizerCheckpoint{std::move(state.tensors), std::move(state.metadata)};
     };
+  }
+  // PowerSGD: each bucket's matrices cross the wire as two thin factors (dist/powersgd.h).
+  std::shared_ptr<dist::PowerSGDState> powersgd;
+  if (powersgd_rank > 0 && ddp) {
+    powersgd = std::make_shared<dist::PowerSGDState>(dist::PowerSGDOptions{
+        .matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = powersgd_start, .random_seed = 0});
+    ddp->data_parallel().register_comm_hook(dist::powersgd_hook(powersgd));
   }
   if (training->comm->rank() == 0 && !options.quiet) {
     std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s in %s, global batch %lld = %d x "
@@ -163,7 +174,16 @@ int main(int argc, char** argv) try {
         join.reset();
         return last;
       }};
-  return examples::run_training(*training, options, "digits_ddp", step, uneven);
+  const int status = examples::run_training(*training, options, "digits_ddp", step, uneven);
+  if (powersgd && training->comm->rank() == 0 && !options.quiet) {
+    std::printf("PowerSGD rank %d from step %lld: in its steps %lld gradient elements went to collectives for %lld (%.1fx fewer)\n",
+                powersgd_rank, static_cast<long long>(powersgd_start),
+                static_cast<long long>(powersgd->numel_after_compression()),
+                static_cast<long long>(powersgd->numel_before_compression()),
+                static_cast<double>(powersgd->numel_before_compression()) /
+                    static_cast<double>(std::max<std::int64_t>(powersgd->numel_after_compression(), 1)));
+  }
+  return status;
 } catch (const std::exception& error) {
   return comm::report_fatal_error("digits_ddp", error);
 }

@@ -21,7 +21,20 @@ struct PowerSGDState::Impl {
   std::map<std::size_t, Tensor> error;     // by bucket: what the approximation missed on this rank
   std::map<std::size_t, Tensor> p_memory;  // by bucket: every compressed matrix's P, one buffer
   std::map<std::size_t, Tensor> q_memory;  // by bucket: ... and Q (kept for the warm start)
+  // Working buffers kept from step to step (not state): a fresh 25 MiB copy every step would
+  // cost more in page faults than the products (a third of the hook's time, measured).
+  std::map<std::size_t, Tensor> input_copy;
+  std::map<std::size_t, Tensor> uncompressed;
 };
+
+namespace {
+// `buffers[b]`, (re)made with `numel` elements of `dtype` when it has another size.
+Tensor& reuse(std::map<std::size_t, Tensor>& buffers, std::size_t b, std::int64_t numel, DType dtype) {
+  Tensor& buffer = buffers[b];
+  if (!buffer.defined() || buffer.numel() != numel || buffer.dtype() != dtype) buffer = Tensor::empty({numel}, dtype);
+  return buffer;
+}
+}  // namespace
 
 namespace {
 
@@ -57,7 +70,11 @@ void gram_schmidt(MatrixMap<T> matrix, double epsilon, const std::string& what) 
 template <typename T>
 void householder(MatrixMap<T> matrix) {
   const Eigen::HouseholderQR<Matrix<T>> qr(matrix);
-  matrix = qr.householderQ() * Matrix<T>::Identity(matrix.rows(), matrix.cols());
+  // The thin Q: the reflections applied to the first columns of the identity (never the
+  // rows x rows Q, which for a 1024 x 4 P would be a thousand times the work).
+  Matrix<T> thin = Matrix<T>::Identity(matrix.rows(), matrix.cols());
+  qr.householderQ().applyThisOnTheLeft(thin);
+  matrix = thin;
 }
 
 template <typename T>
@@ -104,7 +121,8 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
                      " elements, its error feedback ", found->second.numel(), ": the buckets changed under the state");
       ops::axpy(1.0, found->second, flat);
     }
-    input_copy = flat.clone();
+    input_copy = reuse(state.input_copy, b, flat.numel(), flat.dtype());
+    ops::copy(flat, input_copy);
   }
 
   // Which tensors are worth compressing: (rows + cols) r x min_compression_rate < rows x cols.
@@ -190,7 +208,7 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
   each([](const Block&, const std::string&, auto m, auto p, auto q) { p.noalias() = m * q; });
 
   // The tensors not worth compressing: one message for all of them, averaged.
-  Tensor uncompressed = Tensor::empty({plain_total}, flat.dtype());
+  Tensor& uncompressed = reuse(state.uncompressed, b, plain_total, flat.dtype());
   std::int64_t at = 0;
   for (const Plain& piece : plain) {
     Tensor target = uncompressed.view(static_cast<std::size_t>(at), {piece.numel});

@@ -79,6 +79,36 @@ INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDReference, ::testing::Values("w2_r1", "w
 double tolerance(const std::string& key) { return key == "p" || key == "q" ? 5e-4 : 1e-4; }
 const bool kVerbose = std::getenv("POWERSGD_VERBOSE") != nullptr;
 
+// The fixture case's options and its parameters, registered as DDP had them.
+PowerSGDOptions options_of(const nlohmann::json& the_case) {
+  return PowerSGDOptions{.matrix_approximation_rank = the_case["rank"],
+                         .start_powerSGD_iter = the_case["start"],
+                         .warm_start = the_case["warm"],
+                         .random_seed = 7,
+                         .batch_tensors_with_same_shape = the_case["batch"]};
+}
+
+void register_layout(ParameterRegistry& registry, const nlohmann::json& layout) {
+  for (const auto& entry : layout[0]) registry.add(entry[0].get<std::string>(), entry[1].get<Shape>());
+  registry.finalize();
+}
+
+// The bucket as DDP laid it out at `step` (it reorders its buckets after the first step).
+dist::BucketInfo bucket_at(ParameterRegistry& registry, const nlohmann::json& layout, int step) {
+  dist::BucketInfo info;
+  for (const auto& entry : layout[static_cast<std::size_t>(step)]) {
+    Parameter& member = registry.at(entry[0].get<std::string>());
+    info.members.push_back(&member);
+    info.member_offset.push_back(entry[2].get<std::int64_t>());
+    info.numel = std::max(info.numel, entry[2].get<std::int64_t>() + member.numel());
+  }
+  return info;
+}
+
+Tensor input_of(const std::string& name, int rank, int step) {
+  return fixture().read(name + ".rank" + std::to_string(rank) + ".step" + std::to_string(step) + ".input").clone();
+}
+
 TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
   const std::string name = GetParam();
   const nlohmann::json the_case = meta(name + ".case");
@@ -89,31 +119,14 @@ TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
   comm::run_gloo_thread_group(world, [&](comm::Communicator& comm) {
     const int rank = comm.rank();
     ParameterRegistry registry;
-    for (const auto& entry : layout[0]) registry.add(entry[0].get<std::string>(), entry[1].get<Shape>());
-    registry.finalize();
-    // The bucket as DDP laid it out at `step` (it reorders its buckets after the first step).
-    const auto bucket_at = [&](int step) {
-      dist::BucketInfo info;
-      for (const auto& entry : layout[static_cast<std::size_t>(step)]) {
-        Parameter& member = registry.at(entry[0].get<std::string>());
-        info.members.push_back(&member);
-        info.member_offset.push_back(entry[2].get<std::int64_t>());
-        info.numel = std::max(info.numel, entry[2].get<std::int64_t>() + member.numel());
-      }
-      return info;
-    };
-    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{
-        .matrix_approximation_rank = the_case["rank"],
-        .start_powerSGD_iter = the_case["start"],
-        .warm_start = the_case["warm"],
-        .random_seed = 7,
-        .batch_tensors_with_same_shape = the_case["batch"]});
+    register_layout(registry, layout);
+    auto state = std::make_shared<PowerSGDState>(options_of(the_case));
     const dist::ReduceHook hook = dist::powersgd_hook(state);
     for (int step = 0; step < steps; ++step) {
       const std::string prefix = name + ".rank" + std::to_string(rank) + ".step" + std::to_string(step);
       const std::string where = prefix + " (iteration " + std::to_string(state->iteration()) + ")";
-      Tensor flat = fixture().read(prefix + ".input").clone();
-      hook(comm, flat, bucket_at(step))->wait();
+      Tensor flat = input_of(name, rank, step);
+      hook(comm, flat, bucket_at(registry, layout, step))->wait();
       const auto check = [&](const Tensor& got, const std::string& key) {
         const double difference = relative_difference(got, fixture().read(prefix + "." + key));
         worst[static_cast<std::size_t>(rank)] = std::max(worst[static_cast<std::size_t>(rank)], difference);
@@ -136,6 +149,77 @@ TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
   double largest = 0;
   for (const double w : worst) largest = std::max(largest, w);
   std::printf("%s: worst difference relative to the largest magnitude %.2e\n", name.c_str(), largest);
+}
+
+// A run stopped after step 12 (each rank's state saved to a safetensors file, loaded into a new
+// state) continues as the uninterrupted one, bit for bit: error, P, Q, the iteration and the
+// random generator are all in the state.
+TEST(PowerSGD, AResumedStateContinuesBitForBit) {
+  const std::string name = "w3_r4";
+  const nlohmann::json the_case = meta(name + ".case");
+  const nlohmann::json layout = meta(name + ".layout");
+  const int steps = std::stoi(fixture().metadata().at("steps"));
+  const testing::TempDir folder;
+  comm::run_gloo_thread_group(the_case["world"].get<int>(), [&](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    register_layout(registry, layout);
+    const auto run = [&](PowerSGDState& state, int from, int to) {
+      std::vector<Tensor> outputs;
+      auto shared = std::shared_ptr<PowerSGDState>(&state, [](PowerSGDState*) {});
+      const dist::ReduceHook hook = dist::powersgd_hook(shared);
+      for (int step = from; step < to; ++step) {
+        outputs.push_back(input_of(name, comm.rank(), step));
+        hook(comm, outputs.back(), bucket_at(registry, layout, step))->wait();
+      }
+      return outputs;
+    };
+    PowerSGDState whole(options_of(the_case));
+    const std::vector<Tensor> uninterrupted = run(whole, 0, steps);
+
+    PowerSGDState first(options_of(the_case));
+    run(first, 0, 12);
+    const auto path = folder / ("powersgd.rank" + std::to_string(comm.rank()) + ".safetensors");
+    std::vector<io::NamedTensor> saved;
+    for (const auto& [key, tensor] : first.state_dict()) saved.push_back({key, tensor});
+    io::save_safetensors(path, saved);
+    PowerSGDState resumed(options_of(the_case));
+    std::map<std::string, Tensor> loaded;
+    for (io::NamedTensor& entry : io::SafetensorsReader(path).read_all()) loaded[entry.name] = entry.tensor;
+    resumed.load_state_dict(loaded);
+    EXPECT_EQ(resumed.iteration(), 12);
+    const std::vector<Tensor> rest = run(resumed, 12, steps);
+    for (std::size_t k = 0; k < rest.size(); ++k) {
+      EXPECT_EQ(rest[k].to_double_vector(), uninterrupted[12 + k].to_double_vector()) << "step " << 12 + k;
+    }
+  });
+}
+
+TEST(PowerSGD, MistakesAreNamed) {
+  EXPECT_GRADSYNC_ERROR(PowerSGDState(PowerSGDOptions{.start_powerSGD_iter = 1}), "start_powerSGD_iter must be > 1");
+  EXPECT_GRADSYNC_ERROR(PowerSGDState(PowerSGDOptions{.matrix_approximation_rank = 0}), "matrix_approximation_rank");
+  PowerSGDState state(PowerSGDOptions{.start_powerSGD_iter = 2});
+  EXPECT_GRADSYNC_ERROR(state.load_state_dict({}), "lacks 'iteration'");
+  std::map<std::string, Tensor> bad = state.state_dict();
+  bad["momentum.0"] = Tensor::zeros({4}, DType::f32);
+  EXPECT_GRADSYNC_ERROR(state.load_state_dict(bad), "'momentum.0' is not error.<bucket>");
+  bad = state.state_dict();
+  bad["rng"] = Tensor::zeros({3}, DType::i64);
+  EXPECT_GRADSYNC_ERROR(state.load_state_dict(bad), "625 entries");
+
+  // A bf16 bucket is refused, naming it, on every rank (before any collective).
+  comm::run_gloo_thread_group(2, [](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("encoder.weight", {8, 8}, DType::bf16);
+    registry.finalize();
+    dist::BucketInfo info;
+    info.members.push_back(&registry[0]);
+    info.member_offset.push_back(0);
+    info.numel = 64;
+    info.dtype = DType::bf16;
+    Tensor flat = Tensor::zeros({64}, DType::bf16);
+    const dist::ReduceHook hook = dist::powersgd_hook(std::make_shared<PowerSGDState>(PowerSGDOptions{}));
+    EXPECT_GRADSYNC_ERROR(hook(comm, flat, info), "bucket 0 (encoder.weight) holds bf16");
+  });
 }
 
 }  // namespace
