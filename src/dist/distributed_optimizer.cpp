@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "gradsync/dist/adasum.h"
+#include "gradsync/dist/powersgd.h"
 #include "gradsync/dist/replicas.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
@@ -99,6 +100,13 @@ struct DistributedOptimizer::Impl {
         "zero_stage " + std::to_string(options.zero_stage),
         std::string("reduce_with_one_rank ") + (options.reduce_with_one_rank ? "true" : "false"),
         std::string("sparse_as_dense ") + (options.sparse_as_dense ? "true" : "false")};
+    if (options.powersgd) {
+      const PowerSGDOptions& powersgd = options.powersgd->options();
+      settings.push_back("powersgd rank " + std::to_string(powersgd.matrix_approximation_rank) + " start " +
+                         std::to_string(powersgd.start_powerSGD_iter) + " seed " + std::to_string(powersgd.random_seed));
+    } else {
+      settings.push_back("powersgd off");
+    }
     require_same_lines(comm, settings, "DistributedOptimizer", "options");
 
     adasum = options.op == Op::adasum;
@@ -109,6 +117,14 @@ struct DistributedOptimizer::Impl {
                               "parameter, which a sharded optimizer does not hold");
       GRADSYNC_CHECK(sparse.empty(), "zero_stage does not combine with sparse parameters ('", (*sparse.begin())->name(),
                      "'): their rows are allgathered, not bucketed, so no rank would own them; set sparse_as_dense");
+    }
+    if (options.powersgd) {
+      GRADSYNC_CHECK(options.op == Op::average && options.gradient_predivide_factor == 1.0,
+                     "powersgd: only with op Average and gradient_predivide_factor 1 (the hook averages), got op ",
+                     op_name(options.op), ", factor ", options.gradient_predivide_factor);
+      GRADSYNC_CHECK(options.compression == Compression::none,
+                     "powersgd: no compression with it (P and Q are the compression)");
+      GRADSYNC_CHECK(options.zero_stage < 2, "powersgd: zero_stage 2 reduce-scatters its buckets, which no hook does");
     }
     if (adasum) {
       GRADSYNC_CHECK((comm.size() & (comm.size() - 1)) == 0,
@@ -138,7 +154,9 @@ struct DistributedOptimizer::Impl {
       reducer_options.compression = options.compression;
       reducer_options.reduce_scatter = options.zero_stage == 2;
       reducer_options.op = comm_op(options.op);
-      if (options.op == Op::average) {
+      if (options.powersgd) {
+        reducer_options.hook = powersgd_hook(options.powersgd);  // it averages: no pre- or postscale
+      } else if (options.op == Op::average) {
         // Horovod: prescale 1/f, postscale f/N; the mean, divided before the sum by f.
         reducer_options.prescale = 1.0 / options.gradient_predivide_factor;
         reducer_options.postscale = options.gradient_predivide_factor / comm.size();

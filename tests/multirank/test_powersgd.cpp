@@ -13,9 +13,11 @@
 
 #include "dist/torch_random.h"
 #include "gradsync/comm/gloo.h"
+#include "gradsync/dist/distributed_optimizer.h"
 #include "gradsync/dist/powersgd.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/registry/parameter_registry.h"
+#include "optimizers.h"
 #include "test_util.h"
 
 namespace gradsync {
@@ -191,6 +193,61 @@ TEST(PowerSGD, AResumedStateContinuesBitForBit) {
     for (std::size_t k = 0; k < rest.size(); ++k) {
       EXPECT_EQ(rest[k].to_double_vector(), uninterrupted[12 + k].to_double_vector()) << "step " << 12 + k;
     }
+  });
+}
+
+// Through the DistributedOptimizer: every rank's gradient of w is a multiple of one rank-1
+// matrix u v^T, so their average is rank 1 and PowerSGD at rank 1 reduces it exactly (up to
+// rounding); the bias goes uncompressed. SGD with lr 1 makes the parameters minus the sum of the
+// averaged gradients, which the test computes.
+TEST(PowerSGD, TheDistributedOptimizerReducesThroughIt) {
+  comm::run_gloo_thread_group(3, [](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    Parameter& w = registry.add("w", {16, 12});
+    Parameter& b = registry.add("b", {16});
+    registry.finalize();
+    std::unique_ptr<optim::Optimizer> sgd = testing::make_test_optimizer("sgd", registry, {{"lr", 1.0}});
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{.start_powerSGD_iter = 2});
+    dist::DistributedOptimizer optimizer(*sgd, comm, {.powersgd = state});
+    const double mean_factor = (1.0 + 2.0 + 3.0) / 3.0;  // ranks scale by 1, 2, 3
+    const std::vector<double> w0 = w.value().to_double_vector(), b0 = b.value().to_double_vector();
+    std::vector<double> expected_w(16 * 12, 0.0), expected_b(16, 0.0);
+    for (int step = 0; step < 5; ++step) {
+      const double scale = comm.rank() + 1.0;
+      std::vector<float> gw(16 * 12), gb(16);
+      for (int i = 0; i < 16; ++i) {
+        gb[static_cast<std::size_t>(i)] = static_cast<float>(scale * (i - 7) * 0.1);
+        for (int j = 0; j < 12; ++j) {
+          const double uv = std::sin(0.3 * i + step) * std::cos(0.7 * j - step);
+          gw[static_cast<std::size_t>(i * 12 + j)] = static_cast<float>(scale * uv);
+          expected_w[static_cast<std::size_t>(i * 12 + j)] -= mean_factor * uv;
+        }
+        expected_b[static_cast<std::size_t>(i)] -= mean_factor * (i - 7) * 0.1;
+      }
+      w.set_grad(Tensor::from_vector(gw, {16, 12}));
+      b.set_grad(Tensor::from_vector(gb, {16}));
+      registry.mark_ready(w);
+      registry.mark_ready(b);
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    EXPECT_EQ(state->iteration(), 5);
+    EXPECT_GT(state->numel_before_compression(), state->numel_after_compression());
+    const std::vector<double> got_w = w.value().to_double_vector(), got_b = b.value().to_double_vector();
+    for (std::size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i] - w0[i], expected_w[i], 1e-5) << i;
+    for (std::size_t i = 0; i < got_b.size(); ++i) ASSERT_NEAR(got_b[i] - b0[i], expected_b[i], 1e-5) << i;
+  });
+  // Options it does not combine with, named.
+  comm::run_gloo_thread_group(2, [](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {4, 4});
+    registry.finalize();
+    std::unique_ptr<optim::Optimizer> sgd = testing::make_test_optimizer("sgd", registry, {{"lr", 1.0}});
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{.start_powerSGD_iter = 2});
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.op = dist::Op::sum, .powersgd = state}),
+                          "only with op Average");
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.compression = dist::Compression::fp16, .powersgd = state}),
+                          "no compression");
   });
 }
 

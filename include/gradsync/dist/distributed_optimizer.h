@@ -40,6 +40,8 @@
 
 namespace gradsync::dist {
 
+class PowerSGDState;
+
 // Horovod's reduction ops for the optimizer.
 enum class Op { average, sum, adasum, min, max, product };
 const char* op_name(Op op);
@@ -70,6 +72,10 @@ struct DistributedOptimizerOptions {
   // machine with one GPU, where NCCL allows one rank only: the results are the plain path's,
   // up to compression's rounding.
   bool reduce_with_one_rank = false;
+  // PowerSGD (dist/powersgd.h) reduces every fusion bucket: the average, compressed. Only with
+  // op Average, no gradient_predivide_factor (the hook averages itself), no compression (the
+  // factors are the compression), zero_stage 0 or 1 (stage 2's reduce-scatter is no hook's).
+  std::shared_ptr<PowerSGDState> powersgd{};
 };
 
 class DistributedOptimizer : public Joinable {
