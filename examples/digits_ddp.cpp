@@ -39,6 +39,7 @@
 #include "gradsync/dist/powersgd.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/nn/data_parallel_module.h"
+#include "gradsync/io/safetensors.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/clip.h"
 
@@ -51,6 +52,41 @@ dist::DDPSyncStrategy strategy_from(const std::string& text, bool find_unused) {
   if (text == "single" || text == "multi") return dist::parse_sync_strategy(text + "_auto_sync");
   if (text == "forced") return dist::parse_sync_strategy("forced_sync");
   return dist::parse_sync_strategy(text);
+}
+
+// PowerSGD's state for a checkpoint (every rank calls it: the error feedback is gathered).
+std::vector<io::NamedTensor> powersgd_tensors(const dist::PowerSGDState& state, comm::Communicator& comm) {
+  std::vector<io::NamedTensor> tensors;
+  for (const auto& [key, tensor] : state.state_dict()) {
+    if (key.rfind("error.", 0) == 0) {
+      Tensor all = Tensor::empty({comm.size(), tensor.numel()}, tensor.dtype());
+      comm.allgather_host(tensor, all);
+      tensors.push_back({"powersgd." + key, all});
+    } else {
+      tensors.push_back({"powersgd." + key, tensor});
+    }
+  }
+  return tensors;
+}
+
+// The state back from a checkpoint, this rank's row of each error feedback; a checkpoint from a
+// run without PowerSGD leaves the state fresh.
+void load_powersgd(dist::PowerSGDState& state, const io::SafetensorsReader& file, const comm::Communicator& comm) {
+  std::map<std::string, Tensor> saved;
+  for (const io::TensorInfo& info : file.tensors()) {
+    const std::string& name = info.name;
+    if (name.rfind("powersgd.", 0) != 0) continue;
+    const std::string key = name.substr(9);
+    Tensor tensor = file.read(name);
+    if (key.rfind("error.", 0) == 0) {
+      GRADSYNC_CHECK(tensor.shape().size() == 2 && tensor.shape()[0] == comm.size(), file.path().string(), ": ", name,
+                     " holds the error feedback of ", tensor.shape().empty() ? 0 : tensor.shape()[0],
+                     " ranks; this run has ", comm.size(), " (PowerSGD's state resumes on the same number of ranks)");
+      tensor = tensor.view(static_cast<std::size_t>(comm.rank() * tensor.shape()[1]), {tensor.shape()[1]}).clone();
+    }
+    saved[key] = tensor;
+  }
+  if (!saved.empty()) state.load_state_dict(saved);
 }
 
 }  // namespace
@@ -113,6 +149,19 @@ int main(int argc, char** argv) try {
     powersgd = std::make_shared<dist::PowerSGDState>(dist::PowerSGDOptions{
         .matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = powersgd_start, .random_seed = 0});
     ddp->data_parallel().register_comm_hook(dist::powersgd_hook(powersgd));
+    // Its state rides in the checkpoint: the counters, P, Q and the generator as they are (the
+    // same on every rank), each rank's error feedback gathered into one [ranks, n] tensor.
+    if (!training->resumed_from.empty()) {
+      load_powersgd(*powersgd, io::SafetensorsReader(training->resumed_from), *training->comm);
+    }
+    auto base = training->optimizer_checkpoint;
+    training->optimizer_checkpoint = [&training, powersgd, base] {
+      examples::OptimizerCheckpoint checkpoint =
+          base ? base()
+               : examples::OptimizerCheckpoint{training->optimizer->state_tensors(), training->optimizer->state_metadata()};
+      for (io::NamedTensor& tensor : powersgd_tensors(*powersgd, *training->comm)) checkpoint.tensors.push_back(std::move(tensor));
+      return checkpoint;
+    };
   }
   if (training->comm->rank() == 0 && !options.quiet) {
     std::printf("digits_ddp: %d rank(s) on %s (%s), %zu train / %zu held-out samples, %s in %s, global batch %lld = %d x "

@@ -485,6 +485,7 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   if (!resume.empty()) {
     if (t->comm->rank() == 0 && !options.quiet) std::printf("resuming from %s\n", resume.c_str());
     t->progress = load_checkpoint(resume, t->registry, *t->optimizer, t->scaler.get());
+    t->resumed_from = resume;
   }
   t->progress.global_batch = batch;
   return t;

@@ -182,6 +182,7 @@ struct Training {
   // What --save writes for the optimizer, called on every rank (collective with ZeRO); unset:
   // the optimizer's own state.
   std::function<OptimizerCheckpoint()> optimizer_checkpoint;
+  std::string resumed_from;  // the checkpoint this run resumed from (--resume or the folder's latest); empty: none
 
   // The factor the loss gradient is multiplied by before the backward (the loss scale).
   double loss_scale() const;

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -74,6 +74,16 @@ PY
       --save "$scratch/resumed.safetensors"
     cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"  # weights, optimizer state, progress
     echo "resumed run matches the uninterrupted run byte for byte" ;;
+  powersgd)  # PowerSGD: the accuracy target at rank 1; interrupted and resumed = uninterrupted, byte for byte
+    # (its error feedback, P, Q and generator ride in the checkpoint)
+    "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
+    common=(--optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5)
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half.safetensors"
+    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half.safetensors" \
+      --save "$scratch/resumed.safetensors"
+    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+    echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
