@@ -23,6 +23,19 @@ loss_went_down() {
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
 }
 
+# digits_ddp with FLAGS stopped after HALF steps and resumed to ALL ends byte for byte as a run
+# that never stopped: weights, optimizer state, progress and whatever else the checkpoint holds.
+#   resume_matches HALF ALL FLAGS...
+resume_matches() {
+  local half=$1 all=$2
+  shift 2
+  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$all" --save "$scratch/straight.safetensors"
+  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$half" --save "$scratch/half.safetensors"
+  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$all" --resume "$scratch/half.safetensors" \
+    --save "$scratch/resumed.safetensors"
+  cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+}
+
 case $case_name in
   smoke_digits)  # a fraction of an epoch over MPI
     "${mpirun[@]}" "$examples/digits_ddp" --max-steps 12 --metrics "$scratch/m.jsonl" --check-replicas
@@ -67,22 +80,12 @@ PY
     "$compare" "$scratch/single.safetensors" "$scratch/forced.safetensors" 0
     "$compare" "$scratch/single.safetensors" "$scratch/multi.safetensors" 1e-5 ;;
   resume)  # interrupted at step 13 and resumed = uninterrupted, byte for byte (weights and optimizer state)
-    common=(--optimizer adam --microbatches 2 --quiet)
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half.safetensors" \
-      --save "$scratch/resumed.safetensors"
-    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"  # weights, optimizer state, progress
+    resume_matches 13 40 --optimizer adam --microbatches 2 --quiet
     echo "resumed run matches the uninterrupted run byte for byte" ;;
   powersgd)  # PowerSGD: the accuracy target at rank 1; interrupted and resumed = uninterrupted, byte for byte
     # (its error feedback, P, Q and generator ride in the checkpoint)
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
-    common=(--optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5)
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --save "$scratch/straight.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 13 --save "$scratch/half.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 40 --resume "$scratch/half.safetensors" \
-      --save "$scratch/resumed.safetensors"
-    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+    resume_matches 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
@@ -95,12 +98,7 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --precision fp16 --epochs 20 --seed 1 --min-accuracy 0.95 --quiet --check-replicas
     "$source/scripts/launch.sh" 2 "$examples/horovod_style" --backend gloo --precision fp16 --clip-norm 1 --epochs 20 \
       --min-accuracy 0.95 --quiet --check-replicas
-    common=(--precision fp16 --optimizer adam --quiet)  # weights, master weights, moments, loss scale
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 30 --save "$scratch/straight.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 11 --save "$scratch/half.safetensors"
-    "${mpirun[@]}" "$examples/digits_ddp" "${common[@]}" --max-steps 30 --resume "$scratch/half.safetensors" \
-      --save "$scratch/resumed.safetensors"
-    cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+    resume_matches 11 30 --precision fp16 --optimizer adam --quiet  # weights, master weights, moments, loss scale
     echo "fp16 resumed run matches the uninterrupted run byte for byte" ;;
   clip_norm)  # the total norm the trainers report equals an independent computation: one process
               # over the same 64 samples (no shuffling: rank r's half is rows r, r+2, ...), no reduction
