@@ -1,0 +1,392 @@
+// nanoGPT's GPT, forward and backward by hand (gpt_model.h). Row-major throughout: a [N, C]
+// activation is N rows of C; a Linear's weight is [out, in], as PyTorch stores it, so
+// y = x W^T + b. The products go through Eigen; the rest are plain loops a reader can check
+// against model.py line by line.
+#include "gpt_model.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <random>
+
+#include "gradsync/core/error.h"
+
+namespace gradsync::examples {
+
+namespace {
+
+template <typename T>
+using Rows = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using View = Eigen::Map<Rows<T>>;
+template <typename T>
+using ConstView = Eigen::Map<const Rows<T>>;
+
+template <typename T>
+T* values(Parameter* p) { return p->value().data_as<T>(); }
+template <typename T>
+T* grads(Parameter* p) { return p->grad_for_accumulate().data_as<T>(); }
+
+// out[N, O] = in[N, I] W[O, I]^T + b[O]
+template <typename T>
+void linear(T* out, const T* in, const T* w, const T* b, std::int64_t n, std::int64_t i, std::int64_t o) {
+  View<T> y(out, n, o);
+  y.noalias() = ConstView<T>(in, n, i) * ConstView<T>(w, o, i).transpose();
+  if (b != nullptr) y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, o);
+}
+
+// The gradients of linear: din += dout W, dW += dout^T in, db += the column sums of dout.
+template <typename T>
+void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, std::int64_t n, std::int64_t i,
+                     std::int64_t o) {
+  ConstView<T> g(dout, n, o);
+  if (din != nullptr) View<T>(din, n, i).noalias() += g * ConstView<T>(w, o, i);
+  View<T>(dw, o, i).noalias() += g.transpose() * ConstView<T>(in, n, i);
+  if (db != nullptr) Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(db, o) += g.colwise().sum();
+}
+
+// LayerNorm over the last dimension (eps 1e-5, the biased variance, as nn.LayerNorm); keeps
+// each row's mean and 1/std for the backward.
+template <typename T>
+void layernorm(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, std::int64_t n, std::int64_t c) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    const T* row = x + r * c;
+    T m = 0;
+    for (std::int64_t j = 0; j < c; ++j) m += row[j];
+    m /= static_cast<T>(c);
+    T v = 0;
+    for (std::int64_t j = 0; j < c; ++j) v += (row[j] - m) * (row[j] - m);
+    v /= static_cast<T>(c);
+    const T s = 1 / std::sqrt(v + static_cast<T>(1e-5));
+    for (std::int64_t j = 0; j < c; ++j) out[r * c + j] = (row[j] - m) * s * w[j] + b[j];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+// dx += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, with dnorm = dout * w;
+// dw += dout * norm; db += dout.
+template <typename T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        std::int64_t n, std::int64_t c) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    const T* g = dout + r * c;
+    const T* row = x + r * c;
+    T dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const T norm = (row[j] - mean[r]) * rstd[r];
+      dnorm_mean += g[j] * w[j];
+      dnorm_norm_mean += g[j] * w[j] * norm;
+    }
+    dnorm_mean /= static_cast<T>(c);
+    dnorm_norm_mean /= static_cast<T>(c);
+    for (std::int64_t j = 0; j < c; ++j) {
+      const T norm = (row[j] - mean[r]) * rstd[r];
+      dx[r * c + j] += (g[j] * w[j] - dnorm_mean - norm * dnorm_norm_mean) * rstd[r];
+      dw[j] += g[j] * norm;
+      db[j] += g[j];
+    }
+  }
+}
+
+template <typename T>
+T gelu(T x, bool tanh_form) {
+  if (tanh_form) {
+    const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
+    return static_cast<T>(0.5) * x * (1 + std::tanh(k * (x + static_cast<T>(0.044715) * x * x * x)));
+  }
+  return static_cast<T>(0.5) * x * (1 + std::erf(x / std::sqrt(static_cast<T>(2))));
+}
+
+template <typename T>
+T gelu_derivative(T x, bool tanh_form) {
+  if (tanh_form) {
+    const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
+    const T inner = k * (x + static_cast<T>(0.044715) * x * x * x);
+    const T t = std::tanh(inner);
+    const T sech2 = 1 - t * t;
+    return static_cast<T>(0.5) * (1 + t) + static_cast<T>(0.5) * x * sech2 * k * (1 + 3 * static_cast<T>(0.044715) * x * x);
+  }
+  const T cdf = static_cast<T>(0.5) * (1 + std::erf(x / std::sqrt(static_cast<T>(2))));
+  const T pdf = std::exp(-x * x / 2) / std::sqrt(2 * std::numbers::pi_v<T>);
+  return cdf + x * pdf;
+}
+
+// What one block keeps for its backward.
+template <typename T>
+struct BlockActivations {
+  std::vector<T> input, ln_1, ln_1_mean, ln_1_rstd, qkv, att, y, x_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu;
+};
+
+template <typename T>
+struct Activations {
+  std::vector<BlockActivations<T>> blocks;
+  std::vector<T> x_final, ln_f, ln_f_mean, ln_f_rstd, probs;  // probs: softmax of the logits
+};
+
+}  // namespace
+
+Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_(registry), config_(config), dtype_(dtype) {
+  GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64, "Gpt: f32 or f64 parameters, got ", dtype_name(dtype));
+  GRADSYNC_CHECK(config.embd % config.heads == 0, "Gpt: embd ", config.embd, " must divide into ", config.heads, " heads");
+  const std::int64_t c = config.embd;
+  const auto add = [&](const std::string& name, const Shape& shape) { return &registry.add(name, shape, dtype); };
+  wte_ = add("transformer.wte.weight", {config.vocab, c});
+  wpe_ = add("transformer.wpe.weight", {config.block, c});
+  for (std::int64_t l = 0; l < config.layers; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    layers_.push_back(Layer{add(h + "ln_1.weight", {c}), add(h + "ln_1.bias", {c}), add(h + "attn.c_attn.weight", {3 * c, c}),
+                            add(h + "attn.c_attn.bias", {3 * c}), add(h + "attn.c_proj.weight", {c, c}),
+                            add(h + "attn.c_proj.bias", {c}), add(h + "ln_2.weight", {c}), add(h + "ln_2.bias", {c}),
+                            add(h + "mlp.c_fc.weight", {4 * c, c}), add(h + "mlp.c_fc.bias", {4 * c}),
+                            add(h + "mlp.c_proj.weight", {c, 4 * c}), add(h + "mlp.c_proj.bias", {c})});
+  }
+  ln_f_w_ = add("transformer.ln_f.weight", {c});
+  ln_f_b_ = add("transformer.ln_f.bias", {c});
+}
+
+std::int64_t Gpt::parameter_count() const {
+  std::int64_t total = 0;
+  for (const Parameter& p : registry_) total += p.numel();
+  return total;
+}
+
+void Gpt::initialize(std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  const double projection_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  for (Parameter& p : registry_) {
+    const std::string& name = p.name();
+    std::vector<double> v(static_cast<std::size_t>(p.numel()), 0.0);
+    if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name.ends_with("ln_f.weight")) {
+      std::fill(v.begin(), v.end(), 1.0);
+    } else if (name.ends_with(".weight")) {
+      std::normal_distribution<double> normal(0.0, name.ends_with("c_proj.weight") ? projection_std : 0.02);
+      for (double& x : v) x = normal(engine);
+    }
+    p.value().copy_from(Tensor::from_vector(v, p.shape()).to(dtype_));
+  }
+}
+
+double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                    std::int64_t batch, std::int64_t length) {
+  GRADSYNC_CHECK(length >= 1 && length <= config_.block, "Gpt::forward: sequence length ", length, " outside [1, ",
+                 config_.block, "]");
+  GRADSYNC_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * length &&
+                     static_cast<std::int64_t>(targets.size()) == batch * length,
+                 "Gpt::forward: ", tokens.size(), " tokens and ", targets.size(), " targets for ", batch, " x ", length);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    GRADSYNC_CHECK(tokens[i] >= 0 && tokens[i] < config_.vocab && targets[i] >= 0 && targets[i] < config_.vocab,
+                   "Gpt::forward: token ", tokens[i], " or target ", targets[i], " at ", i, " outside the vocabulary of ",
+                   config_.vocab);
+  }
+  batch_ = batch;
+  length_ = length;
+  tokens_ = tokens;
+  targets_ = targets;
+  return dtype_ == DType::f32 ? forward_as<float>(tokens, targets) : forward_as<double>(tokens, targets);
+}
+
+void Gpt::backward(double loss_scale) {
+  GRADSYNC_CHECK(saved_ != nullptr, "Gpt::backward: no forward to go back through");
+  dtype_ == DType::f32 ? backward_as<float>(loss_scale) : backward_as<double>(loss_scale);
+}
+
+template <typename T>
+double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets) {
+  const std::int64_t B = batch_, L = length_, C = config_.embd, V = config_.vocab, NH = config_.heads, hs = C / NH;
+  const std::int64_t N = B * L;
+  auto act = std::make_shared<Activations<T>>();
+  // Embeddings: token plus position.
+  std::vector<T> x(static_cast<std::size_t>(N * C));
+  const T* wte = values<T>(wte_);
+  const T* wpe = values<T>(wpe_);
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t j = 0; j < C; ++j) x[static_cast<std::size_t>(n * C + j)] = wte[tokens[static_cast<std::size_t>(n)] * C + j] + wpe[(n % L) * C + j];
+  }
+  const T scale = 1 / std::sqrt(static_cast<T>(hs));
+  for (const Layer& layer : layers_) {
+    BlockActivations<T> a;
+    a.input = x;
+    a.ln_1.resize(x.size());
+    a.ln_1_mean.resize(static_cast<std::size_t>(N));
+    a.ln_1_rstd.resize(static_cast<std::size_t>(N));
+    layernorm(a.ln_1.data(), a.ln_1_mean.data(), a.ln_1_rstd.data(), x.data(), values<T>(layer.ln_1_w), values<T>(layer.ln_1_b), N, C);
+    a.qkv.resize(static_cast<std::size_t>(N * 3 * C));
+    linear(a.qkv.data(), a.ln_1.data(), values<T>(layer.attn_w), values<T>(layer.attn_b), N, C, 3 * C);
+    // Causal self-attention, head by head: softmax(q k^T / sqrt(hs)) over positions <= t, times v.
+    a.att.assign(static_cast<std::size_t>(B * NH * L * L), 0);
+    a.y.assign(static_cast<std::size_t>(N * C), 0);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < NH; ++h) {
+        for (std::int64_t t = 0; t < L; ++t) {
+          const T* q = &a.qkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
+          T* att = &a.att[static_cast<std::size_t>(((b * NH + h) * L + t) * L)];
+          T largest = -std::numeric_limits<T>::infinity();
+          for (std::int64_t u = 0; u <= t; ++u) {
+            const T* k = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
+            T dot = 0;
+            for (std::int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+            att[u] = dot * scale;
+            largest = std::max(largest, att[u]);
+          }
+          T sum = 0;
+          for (std::int64_t u = 0; u <= t; ++u) sum += (att[u] = std::exp(att[u] - largest));
+          for (std::int64_t u = 0; u <= t; ++u) att[u] /= sum;
+          T* y = &a.y[static_cast<std::size_t>((b * L + t) * C + h * hs)];
+          for (std::int64_t u = 0; u <= t; ++u) {
+            const T* v = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
+            for (std::int64_t d = 0; d < hs; ++d) y[d] += att[u] * v[d];
+          }
+        }
+      }
+    }
+    std::vector<T> projected(static_cast<std::size_t>(N * C));
+    linear(projected.data(), a.y.data(), values<T>(layer.proj_w), values<T>(layer.proj_b), N, C, C);
+    a.x_1.resize(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) a.x_1[i] = x[i] + projected[i];
+    a.ln_2.resize(x.size());
+    a.ln_2_mean.resize(static_cast<std::size_t>(N));
+    a.ln_2_rstd.resize(static_cast<std::size_t>(N));
+    layernorm(a.ln_2.data(), a.ln_2_mean.data(), a.ln_2_rstd.data(), a.x_1.data(), values<T>(layer.ln_2_w), values<T>(layer.ln_2_b), N, C);
+    a.fc.resize(static_cast<std::size_t>(N * 4 * C));
+    linear(a.fc.data(), a.ln_2.data(), values<T>(layer.fc_w), values<T>(layer.fc_b), N, C, 4 * C);
+    a.fc_gelu.resize(a.fc.size());
+    for (std::size_t i = 0; i < a.fc.size(); ++i) a.fc_gelu[i] = gelu(a.fc[i], config_.gelu_tanh);
+    linear(projected.data(), a.fc_gelu.data(), values<T>(layer.fc_proj_w), values<T>(layer.fc_proj_b), N, 4 * C, C);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = a.x_1[i] + projected[i];
+    act->blocks.push_back(std::move(a));
+  }
+  act->x_final = x;
+  act->ln_f.resize(x.size());
+  act->ln_f_mean.resize(static_cast<std::size_t>(N));
+  act->ln_f_rstd.resize(static_cast<std::size_t>(N));
+  layernorm(act->ln_f.data(), act->ln_f_mean.data(), act->ln_f_rstd.data(), x.data(), values<T>(ln_f_w_), values<T>(ln_f_b_), N, C);
+  // Logits through the tied embedding, then the mean cross-entropy (softmax in the dtype, the
+  // loss summed in double).
+  act->probs.resize(static_cast<std::size_t>(N * V));
+  linear<T>(act->probs.data(), act->ln_f.data(), wte, nullptr, N, C, V);
+  logits_out_.assign(act->probs.begin(), act->probs.end());
+  double loss = 0;
+  for (std::int64_t n = 0; n < N; ++n) {
+    T* row = &act->probs[static_cast<std::size_t>(n * V)];
+    T largest = *std::max_element(row, row + V);
+    T sum = 0;
+    for (std::int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - largest));
+    for (std::int64_t v = 0; v < V; ++v) row[v] /= sum;
+    loss -= std::log(static_cast<double>(row[targets[static_cast<std::size_t>(n)]]));
+  }
+  saved_ = act;
+  return loss / static_cast<double>(N);
+}
+
+template <typename T>
+void Gpt::backward_as(double loss_scale) {
+  auto& act = *static_cast<Activations<T>*>(saved_.get());
+  const std::int64_t B = batch_, L = length_, C = config_.embd, V = config_.vocab, NH = config_.heads, hs = C / NH;
+  const std::int64_t N = B * L;
+  // d loss / d logits = (softmax - onehot) / N, times the loss scale.
+  std::vector<T> dlogits(act.probs);
+  const T per_token = static_cast<T>(loss_scale / static_cast<double>(N));
+  for (std::int64_t n = 0; n < N; ++n) {
+    T* row = &dlogits[static_cast<std::size_t>(n * V)];
+    row[targets_[static_cast<std::size_t>(n)]] -= 1;
+    for (std::int64_t v = 0; v < V; ++v) row[v] *= per_token;
+  }
+  // The head: dwte gets dlogits^T ln_f now (and the embedding's part at the very end).
+  std::vector<T> dx(static_cast<std::size_t>(N * C), 0);
+  std::vector<T> dln(static_cast<std::size_t>(N * C), 0);
+  T* dwte = grads<T>(wte_);
+  linear_backward<T>(dln.data(), dwte, nullptr, dlogits.data(), act.ln_f.data(), values<T>(wte_), N, C, V);
+  layernorm_backward(dx.data(), grads<T>(ln_f_w_), grads<T>(ln_f_b_), dln.data(), act.x_final.data(), values<T>(ln_f_w_),
+                     act.ln_f_mean.data(), act.ln_f_rstd.data(), N, C);
+  registry_.mark_ready(*ln_f_w_);
+  registry_.mark_ready(*ln_f_b_);
+
+  const T scale = 1 / std::sqrt(static_cast<T>(hs));
+  for (std::int64_t l = config_.layers - 1; l >= 0; --l) {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    BlockActivations<T>& a = act.blocks[static_cast<std::size_t>(l)];
+    // x = x_1 + mlp(ln_2(x_1)): dx flows to x_1 both directly and through the MLP.
+    std::vector<T> dfc(static_cast<std::size_t>(N * 4 * C), 0);
+    linear_backward(dfc.data(), grads<T>(layer.fc_proj_w), grads<T>(layer.fc_proj_b), dx.data(), a.fc_gelu.data(),
+                    values<T>(layer.fc_proj_w), N, 4 * C, C);
+    registry_.mark_ready(*layer.fc_proj_w);
+    registry_.mark_ready(*layer.fc_proj_b);
+    for (std::size_t i = 0; i < dfc.size(); ++i) dfc[i] *= gelu_derivative(a.fc[i], config_.gelu_tanh);
+    std::fill(dln.begin(), dln.end(), 0);
+    linear_backward(dln.data(), grads<T>(layer.fc_w), grads<T>(layer.fc_b), dfc.data(), a.ln_2.data(), values<T>(layer.fc_w),
+                    N, C, 4 * C);
+    registry_.mark_ready(*layer.fc_w);
+    registry_.mark_ready(*layer.fc_b);
+    layernorm_backward(dx.data(), grads<T>(layer.ln_2_w), grads<T>(layer.ln_2_b), dln.data(), a.x_1.data(),
+                       values<T>(layer.ln_2_w), a.ln_2_mean.data(), a.ln_2_rstd.data(), N, C);
+    registry_.mark_ready(*layer.ln_2_w);
+    registry_.mark_ready(*layer.ln_2_b);
+    // x_1 = input + proj(attention(ln_1(input))).
+    std::vector<T> dy(static_cast<std::size_t>(N * C), 0);
+    linear_backward(dy.data(), grads<T>(layer.proj_w), grads<T>(layer.proj_b), dx.data(), a.y.data(), values<T>(layer.proj_w),
+                    N, C, C);
+    registry_.mark_ready(*layer.proj_w);
+    registry_.mark_ready(*layer.proj_b);
+    std::vector<T> dqkv(static_cast<std::size_t>(N * 3 * C), 0);
+    std::vector<T> datt(static_cast<std::size_t>(L));
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < NH; ++h) {
+        for (std::int64_t t = 0; t < L; ++t) {
+          const T* att = &a.att[static_cast<std::size_t>(((b * NH + h) * L + t) * L)];
+          const T* g = &dy[static_cast<std::size_t>((b * L + t) * C + h * hs)];
+          // y_t = sum_u att[u] v_u: the attention weights' and the values' gradients.
+          T weighted = 0;
+          for (std::int64_t u = 0; u <= t; ++u) {
+            const T* v = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
+            T* dv = &dqkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
+            T dot = 0;
+            for (std::int64_t d = 0; d < hs; ++d) {
+              dot += g[d] * v[d];
+              dv[d] += att[u] * g[d];
+            }
+            datt[static_cast<std::size_t>(u)] = dot;
+            weighted += att[u] * dot;
+          }
+          // Through the softmax, then the scaled dot products q_t . k_u.
+          const T* q = &a.qkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
+          T* dq = &dqkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
+          for (std::int64_t u = 0; u <= t; ++u) {
+            const T dpre = att[u] * (datt[static_cast<std::size_t>(u)] - weighted) * scale;
+            const T* k = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
+            T* dk = &dqkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
+            for (std::int64_t d = 0; d < hs; ++d) {
+              dq[d] += dpre * k[d];
+              dk[d] += dpre * q[d];
+            }
+          }
+        }
+      }
+    }
+    std::fill(dln.begin(), dln.end(), 0);
+    linear_backward(dln.data(), grads<T>(layer.attn_w), grads<T>(layer.attn_b), dqkv.data(), a.ln_1.data(),
+                    values<T>(layer.attn_w), N, C, 3 * C);
+    registry_.mark_ready(*layer.attn_w);
+    registry_.mark_ready(*layer.attn_b);
+    layernorm_backward(dx.data(), grads<T>(layer.ln_1_w), grads<T>(layer.ln_1_b), dln.data(), a.input.data(),
+                       values<T>(layer.ln_1_w), a.ln_1_mean.data(), a.ln_1_rstd.data(), N, C);
+    registry_.mark_ready(*layer.ln_1_w);
+    registry_.mark_ready(*layer.ln_1_b);
+  }
+  // The embeddings: each token's row and each position's row gather their positions' gradients.
+  T* dwpe = grads<T>(wpe_);
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t j = 0; j < C; ++j) {
+      const T g = dx[static_cast<std::size_t>(n * C + j)];
+      dwte[tokens_[static_cast<std::size_t>(n)] * C + j] += g;
+      dwpe[(n % L) * C + j] += g;
+    }
+  }
+  registry_.mark_ready(*wpe_);
+  registry_.mark_ready(*wte_);
+  saved_.reset();
+}
+
+}  // namespace gradsync::examples

@@ -1,0 +1,84 @@
+// The GPT of the gpt example: nanoGPT's model (its model.py), written out by hand, forward and
+// backward, the way an engine without autograd holds it. This is the user's engine: gradsync
+// only owns the parameters' memory (a ParameterRegistry, so the names are nanoGPT's state-dict
+// names and a checkpoint loads in PyTorch) and is told, layer by layer from the last, which
+// gradients are ready.
+//
+//   token and position embeddings -> N x [pre-LayerNorm causal self-attention, residual;
+//   pre-LayerNorm MLP (GELU), residual] -> final LayerNorm -> logits through the token embedding
+//   (the lm_head is tied to transformer.wte.weight: one tensor, two uses).
+//
+// Biases everywhere, no dropout. GELU with the tanh approximation (GPT-2, llm.c) by default, or
+// the exact erf form (nanoGPT's nn.GELU()). f32 for training, f64 for the gradient check.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradsync/registry/parameter_registry.h"
+
+namespace gradsync::examples {
+
+struct GptConfig {
+  std::int64_t vocab = 65;
+  std::int64_t block = 64;  // the longest sequence (positions)
+  std::int64_t layers = 2;
+  std::int64_t heads = 2;
+  std::int64_t embd = 32;
+  bool gelu_tanh = true;
+};
+
+class Gpt {
+ public:
+  // Registers every parameter under nanoGPT's name, in nanoGPT's order, in `dtype` (f32 or f64).
+  Gpt(ParameterRegistry& registry, GptConfig config, DType dtype = DType::f32);
+
+  const GptConfig& config() const { return config_; }
+  std::int64_t parameter_count() const;
+
+  // nanoGPT's initialisation: weights normal(0, 0.02), the residual projections (c_proj)
+  // normal(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorm weights 1; from `seed`.
+  void initialize(std::uint64_t seed);
+
+  // The mean cross-entropy of predicting targets[b, t] from tokens[b, <= t], B x T tokens
+  // (T <= block). Keeps what the backward needs.
+  double forward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, std::int64_t batch,
+                 std::int64_t length);
+  // The logits of the last forward, [B, T, vocab] (for sampling).
+  const std::vector<double>& last_logits() const { return logits_out_; }
+
+  // The gradient of (loss x loss_scale) into every parameter's gradient, added to what is there
+  // (microbatches accumulate); each parameter is marked ready as soon as its gradient is
+  // complete, the last layer's first, the token embedding last.
+  void backward(double loss_scale = 1.0);
+
+ private:
+  struct Layer {
+    Parameter *ln_1_w, *ln_1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln_2_w, *ln_2_b, *fc_w, *fc_b, *fc_proj_w,
+        *fc_proj_b;
+  };
+  template <typename T>
+  double forward_as(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets);
+  template <typename T>
+  void backward_as(double loss_scale);
+
+  ParameterRegistry& registry_;
+  GptConfig config_;
+  DType dtype_;
+  Parameter* wte_;
+  Parameter* wpe_;
+  std::vector<Layer> layers_;
+  Parameter* ln_f_w_;
+  Parameter* ln_f_b_;
+
+  // The last forward's inputs and activations (in the model's dtype; gpt_model.cpp).
+  std::int64_t batch_ = 0;
+  std::int64_t length_ = 0;
+  std::vector<std::int32_t> tokens_, targets_;
+  std::vector<double> logits_out_;
+  std::shared_ptr<void> saved_;
+};
+
+}  // namespace gradsync::examples

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Generates tests/fixtures/gpt.safetensors: one forward and backward of nanoGPT's GPT in PyTorch,
+for tests/examples/test_gpt_model.cpp (GptModel.MatchesPyTorch*).
+
+The model is nanoGPT's model.py (token and position embeddings, pre-LayerNorm blocks of causal
+self-attention and a GELU MLP, a final LayerNorm, lm_head tied to wte; bias=True, dropout 0),
+written out here with the same module names, so its state dict has nanoGPT's keys. A small
+config (vocabulary 17, block 8, 2 layers, 2 heads, width 16), nanoGPT's initialisation from a
+fixed seed, 3 sequences of 8 tokens. For each GELU form (tanh, as GPT-2 and llm.c; erf, as
+nanoGPT's nn.GELU()) the file holds the weights, the tokens and targets, the mean cross-entropy
+and every parameter's gradient ("<case>.grad.<name>"), all f32.
+
+Needs a current torch (2.x) and safetensors from PyPI:
+    python3 -m venv /tmp/torch && /tmp/torch/bin/pip install torch safetensors numpy
+    /tmp/torch/bin/python tests/reference/generate_gpt_fixtures.py
+"""
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "gpt.safetensors")
+VOCAB, BLOCK, LAYERS, HEADS, EMBD = 17, 8, 2, 2, 16
+BATCH, LENGTH = 3, 8
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(EMBD, 3 * EMBD)
+        self.c_proj = nn.Linear(EMBD, EMBD)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(EMBD, dim=2)
+        k = k.view(B, T, HEADS, C // HEADS).transpose(1, 2)
+        q = q.view(B, T, HEADS, C // HEADS).transpose(1, 2)
+        v = v.view(B, T, HEADS, C // HEADS).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, approximate):
+        super().__init__()
+        self.c_fc = nn.Linear(EMBD, 4 * EMBD)
+        self.gelu = nn.GELU(approximate=approximate)
+        self.c_proj = nn.Linear(4 * EMBD, EMBD)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, approximate):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(EMBD)
+        self.attn = CausalSelfAttention()
+        self.ln_2 = nn.LayerNorm(EMBD)
+        self.mlp = MLP(approximate)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, approximate):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(VOCAB, EMBD), wpe=nn.Embedding(BLOCK, EMBD),
+            h=nn.ModuleList([Block(approximate) for _ in range(LAYERS)]), ln_f=nn.LayerNorm(EMBD)))
+        self.lm_head = nn.Linear(EMBD, VOCAB, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * LAYERS))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    tensors = {}
+    generator = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, VOCAB, (BATCH, LENGTH), generator=generator)
+    targets = torch.randint(0, VOCAB, (BATCH, LENGTH), generator=generator)
+    tensors["tokens"] = tokens.to(torch.int32).contiguous()
+    tensors["targets"] = targets.to(torch.int32).contiguous()
+    for case, approximate in (("tanh", "tanh"), ("erf", "none")):
+        torch.manual_seed(1337)
+        model = GPT(approximate)
+        # Spread the weights beyond nanoGPT's 0.02, and the LayerNorms off 1 and 0, so every path
+        # carries a gradient worth comparing.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.add_(torch.randn_like(p) * 0.2)
+        loss = model(tokens, targets)
+        loss.backward()
+        tensors[f"{case}.loss"] = loss.detach().reshape(1)
+        for name, p in model.state_dict().items():
+            if name == "lm_head.weight":
+                continue  # the same tensor as transformer.wte.weight
+            tensors[f"{case}.{name}"] = p.detach().clone().contiguous()
+        for name, p in model.named_parameters():
+            tensors[f"{case}.grad.{name}"] = p.grad.detach().clone().contiguous()
+    save_file(tensors, OUT, metadata={"torch": torch.__version__, "config": f"{VOCAB} {BLOCK} {LAYERS} {HEADS} {EMBD}"})
+    print(f"wrote {OUT}: {len(tensors)} tensors")
+
+
+if __name__ == "__main__":
+    main()
