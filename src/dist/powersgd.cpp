@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "completed_work.h"
+#include "kernels/cpu/eigen_rows.h"
 #include "gradsync/kernels/ops.h"
 #include "torch_random.h"
 
@@ -39,9 +40,9 @@ Tensor& reuse(std::map<std::size_t, Tensor>& buffers, std::size_t b, std::int64_
 namespace {
 
 template <typename T>
-using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Matrix = kernels::cpu::RowMatrix<T>;
 template <typename T>
-using MatrixMap = Eigen::Map<Matrix<T>>;
+using MatrixMap = kernels::cpu::RowMap<T>;
 
 // "bucket 3 (h.0.weight, h.0.bias, ...)" for messages.
 std::string bucket_name(const BucketInfo& info) {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gradsync/kernels/ops.h"
+#include "kernels/cpu/eigen_rows.h"
 #include "nn_kernels.h"
 
 namespace gradsync::nn {
@@ -14,11 +15,11 @@ namespace gradsync::nn {
 namespace {
 
 template <typename T>
-using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Matrix = kernels::cpu::RowMatrix<T>;
 template <typename T>
-using Map = Eigen::Map<Matrix<T>>;
+using Map = kernels::cpu::RowMap<T>;
 template <typename T>
-using ConstMap = Eigen::Map<const Matrix<T>>;
+using ConstMap = kernels::cpu::ConstRowMap<T>;
 
 void require_input(const char* layer, const Tensor& input, std::int64_t features, DType dtype, Device device) {
   GRADSYNC_CHECK(input.shape().size() == 2 && input.shape()[1] == features, layer, ": expected [batch, ", features,
