@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard powersgd.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt.
 set -euo pipefail
 case_name=$1
 build=$2
@@ -87,6 +87,23 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
     resume_matches 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
+  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI), against PyTorch's
+         # (tests/reference/generate_gpt_fixtures.py): each step's loss within 1e-5 relative, the
+         # final weights within 1e-5
+    fixtures=$source/tests/fixtures
+    args=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 --length 8
+          --init "$fixtures/gpt_init.safetensors" --steps 20 --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
+          --weight-decay 0.1 --eps 1e-6 --clip-norm 1 --quiet)
+    "$examples/gpt_ddp" "${args[@]}" --batch 4 --backend gloo --metrics "$scratch/one.jsonl" --save "$scratch/one.safetensors"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
+      --save "$scratch/two.safetensors"
+    for run in one two; do
+      sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$run.jsonl" | paste - "$fixtures/gpt_train_losses.txt" |
+        awk -v run=$run '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
+                         END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
+      "$compare" "$scratch/$run.safetensors" "$fixtures/gpt_final.safetensors" 1e-4
+    done
+    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \

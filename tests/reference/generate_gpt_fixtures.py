@@ -10,6 +10,11 @@ fixed seed, 3 sequences of 8 tokens. For each GELU form (tanh, as GPT-2 and llm.
 nanoGPT's nn.GELU()) the file holds the weights, the tokens and targets, the mean cross-entropy
 and every parameter's gradient ("<case>.grad.<name>"), all f32.
 
+Then 20 training steps as examples/gpt_ddp.cpp takes them (nanoGPT's AdamW groups, warmup and
+cosine, clipping at 1, a global batch of 4 sequences of 8 from a small structured corpus): the
+corpus (gpt_train.bin), the initial weights (gpt_init.safetensors), each step's loss
+(gpt_train_losses.txt) and the final weights (gpt_final.safetensors).
+
 Needs a current torch (2.x) and safetensors from PyPI:
     python3 -m venv /tmp/torch && /tmp/torch/bin/pip install torch safetensors numpy
     /tmp/torch/bin/python tests/reference/generate_gpt_fixtures.py
@@ -97,6 +102,67 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+# ---- 20 training steps, as examples/gpt_ddp.cpp trains (tests/examples/trainers.sh, case gpt) ----
+TRAIN_STEPS, GLOBAL_BATCH, LR, MIN_LR, WARMUP, WEIGHT_DECAY, CLIP = 20, 4, 3e-3, 3e-4, 5, 0.1, 1.0
+# Adam's eps above nanoGPT's 1e-8: the key bias's gradient is zero but for rounding (softmax does
+# not see a constant added to every key), and with eps 1e-8 Adam turns that noise into steps of
+# the full learning rate, which no two summation orders share; with 1e-6 they stay below 1e-5.
+EPS = 1e-6
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+
+
+def corpus():
+    """A small corpus with structure to learn: 12 random phrases of 3-8 tokens, repeated in a
+    random order (uint16 tokens, nanoGPT's train.bin format)."""
+    generator = torch.Generator().manual_seed(5)
+    phrases = [torch.randint(0, VOCAB, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
+               for _ in range(12)]
+    order = torch.randint(0, 12, (800,), generator=generator)
+    return torch.cat([phrases[int(i)] for i in order])
+
+
+def get_lr(step):  # nanoGPT's
+    if step < WARMUP:
+        return LR * (step + 1) / (WARMUP + 1)
+    if step > TRAIN_STEPS:
+        return MIN_LR
+    ratio = (step - WARMUP) / (TRAIN_STEPS - WARMUP)
+    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+
+
+def training():
+    data = corpus()
+    data.to(torch.int32).numpy().astype("<u2").tofile(os.path.join(FIXTURES, "gpt_train.bin"))
+    torch.manual_seed(1337)
+    model = GPT("tanh")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              os.path.join(FIXTURES, "gpt_init.safetensors"))
+    params = dict(model.named_parameters())
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.95), eps=EPS)
+    span = len(data) - LENGTH - 1
+    losses = []
+    for step in range(TRAIN_STEPS):
+        for group in optimizer.param_groups:
+            group["lr"] = get_lr(step)
+        starts = [((step * GLOBAL_BATCH + i) * LENGTH) % span for i in range(GLOBAL_BATCH)]
+        x = torch.stack([data[s:s + LENGTH] for s in starts])
+        y = torch.stack([data[s + 1:s + 1 + LENGTH] for s in starts])
+        loss = model(x, y)  # the mean over every token: the average of the ranks' means
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        losses.append(loss.item())
+    with open(os.path.join(FIXTURES, "gpt_train_losses.txt"), "w") as out:
+        out.write("".join(f"{value:.9g}\n" for value in losses))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              os.path.join(FIXTURES, "gpt_final.safetensors"))
+    print("training losses:", " ".join(f"{value:.4f}" for value in losses))
+
+
 def main():
     tensors = {}
     generator = torch.Generator().manual_seed(11)
@@ -123,6 +189,7 @@ def main():
             tensors[f"{case}.grad.{name}"] = p.grad.detach().clone().contiguous()
     save_file(tensors, OUT, metadata={"torch": torch.__version__, "config": f"{VOCAB} {BLOCK} {LAYERS} {HEADS} {EMBD}"})
     print(f"wrote {OUT}: {len(tensors)} tensors")
+    training()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+// gpt_ddp: nanoGPT's GPT (examples/gpt/gpt_model.h: the engine's own forward and backward)
+// trained data-parallel through gradsync, as nanoGPT's train.py trains it: AdamW with weight
+// decay on the 2-D weights only, a linear warmup then a cosine decay of the learning rate,
+// clipping by the global norm, gradient accumulation over microbatches.
+//
+//   scripts/launch.sh 2 build/examples/gpt_ddp --data train.bin --vocab-size 65 --steps 200
+//
+// Data: nanoGPT's train.bin (token ids as little-endian uint16). Batches are deterministic: at
+// step s with W ranks and B sequences per rank of T tokens, sequence i in [0, B W) starts at
+// token ((s B W + i) T) mod (len - T - 1) and rank r takes i in [r B, (r + 1) B); targets are the
+// inputs shifted by one. So 1 rank with B = 4 and 2 ranks with B = 2 see the same 4 sequences.
+//
+// One step, top to bottom: for each microbatch, the model's forward and backward (each
+// gradient accumulates and is marked ready, the last layer's first; on the last microbatch
+// DataParallel reduces the buckets while the backward goes on); then the global norm clipped,
+// the learning rate of the step set, AdamW's step. This first version trains in f32 on the CPU;
+// the bf16, ZeRO, Join and checkpoints follow.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numbers>
+
+#include "common/trainer_support.h"
+#include "gpt/gpt_model.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/dist/data_parallel.h"
+#include "gradsync/io/registry_checkpoint.h"
+#include "gradsync/io/safetensors.h"
+#include "gradsync/optim/adam.h"
+#include "gradsync/optim/clip.h"
+
+using namespace gradsync;
+
+namespace {
+
+std::vector<std::int32_t> read_tokens(const std::string& path, std::int64_t vocab) {
+  std::ifstream in(path, std::ios::binary);
+  GRADSYNC_CHECK(in, "gpt_ddp: cannot read ", path);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  GRADSYNC_CHECK(bytes.size() % 2 == 0, path, ": ", bytes.size(), " bytes is not a whole number of uint16 tokens");
+  std::vector<std::int32_t> tokens(bytes.size() / 2);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+    GRADSYNC_CHECK(tokens[i] < vocab, path, ": token ", tokens[i], " at ", i, " is outside the vocabulary of ", vocab);
+  }
+  return tokens;
+}
+
+// nanoGPT's get_lr: a linear warmup to lr, then a cosine down to min_lr at decay_steps.
+double learning_rate(std::int64_t step, double lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps) {
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup + 1);
+  if (step > decay_steps) return min_lr;
+  const double ratio = static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(decay_steps - warmup, 1));
+  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (lr - min_lr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags(argc, argv);
+  if (flags.flag("--help")) {
+    std::printf(
+        "gpt_ddp flags:\n  --data train.bin (uint16 tokens)   --vocab-size V   --backend auto|gloo|mpi\n"
+        "  --layers 2 --heads 2 --embd 64 --block 32 --gelu tanh|erf   --init WEIGHTS.safetensors   --seed 1\n"
+        "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
+        "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
+        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n");
+    return 0;
+  }
+  const std::string data_path = flags.text("--data", "");
+  const std::int64_t vocab = flags.integer("--vocab-size", 0);
+  const std::string backend = flags.text("--backend", "auto");
+  examples::GptConfig config;
+  config.layers = flags.integer("--layers", 2);
+  config.heads = flags.integer("--heads", 2);
+  config.embd = flags.integer("--embd", 64);
+  config.block = flags.integer("--block", 32);
+  config.vocab = vocab;
+  const std::string gelu = flags.text("--gelu", "tanh");
+  config.gelu_tanh = gelu == "tanh";
+  const std::string init = flags.text("--init", "");
+  const std::int64_t seed = flags.integer("--seed", 1);
+  const std::int64_t batch = flags.integer("--batch", 4);
+  const std::int64_t length = flags.integer("--length", config.block);
+  const std::int64_t microbatches = flags.integer("--microbatches", 1);
+  const std::int64_t steps = flags.integer("--steps", 50);
+  const double lr = flags.number("--lr", 1e-3), min_lr = flags.number("--min-lr", 1e-4);
+  const std::int64_t warmup = flags.integer("--warmup", 10), decay_steps = flags.integer("--decay-steps", steps);
+  const double weight_decay = flags.number("--weight-decay", 0.1);
+  const double beta1 = flags.number("--beta1", 0.9), beta2 = flags.number("--beta2", 0.95);
+  const double eps = flags.number("--eps", 1e-8);
+  const double clip_norm = flags.number("--clip-norm", 1.0);
+  const std::string metrics_path = flags.text("--metrics", "");
+  const std::string save = flags.text("--save", "");
+  const bool quiet = flags.flag("--quiet");
+  flags.finish();
+  GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
+  GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
+  GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
+
+  // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
+  auto comm = comm::connect(backend);
+  const std::vector<std::int32_t> data = read_tokens(data_path, vocab);
+  GRADSYNC_CHECK(static_cast<std::int64_t>(data.size()) > length + 1, data_path, " holds ", data.size(),
+                 " tokens, fewer than a sequence of ", length, " and its target");
+  ParameterRegistry registry;
+  examples::Gpt model(registry, config);
+  registry.finalize();
+  if (init.empty()) {
+    model.initialize(static_cast<std::uint64_t>(seed));
+  } else {
+    io::load_registry(registry, init, {.convert_dtypes = true});
+  }
+  dist::DataParallel ddp(registry, *comm);
+
+  // 2. AdamW in nanoGPT's two groups: decay for the matrices, none for biases and LayerNorms.
+  std::vector<Parameter*> decay, no_decay;
+  for (Parameter& p : registry) (p.shape().size() >= 2 ? decay : no_decay).push_back(&p);
+  optim::Adam::Options options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+  optim::Adam::Options no_decay_options = options;
+  no_decay_options.weight_decay = 0.0;
+  optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}});
+  examples::Metrics metrics(metrics_path, comm->rank() == 0);
+  if (comm->rank() == 0 && !quiet) {
+    std::printf("gpt_ddp: %d rank(s) on %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
+                "%lld x %lld sequences of %lld per step\n",
+                comm->size(), comm->backend(), static_cast<long long>(model.parameter_count()),
+                static_cast<long long>(config.layers), static_cast<long long>(config.heads),
+                static_cast<long long>(config.embd), static_cast<long long>(config.block), data.size(),
+                static_cast<long long>(comm->size()), static_cast<long long>(batch), static_cast<long long>(length));
+  }
+
+  // 3. The steps.
+  const std::int64_t world = comm->size();
+  const std::int64_t span = static_cast<std::int64_t>(data.size()) - length - 1;
+  const std::int64_t micro = batch / microbatches;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    double step_loss = 0;
+    for (std::int64_t m = 0; m < microbatches; ++m) {
+      std::vector<std::int32_t> tokens, targets;
+      for (std::int64_t k = 0; k < micro; ++k) {
+        const std::int64_t i = comm->rank() * batch + m * micro + k;  // the global sequence index
+        const std::int64_t first = ((step * batch * world + i) * length) % span;
+        tokens.insert(tokens.end(), data.begin() + first, data.begin() + first + length);
+        targets.insert(targets.end(), data.begin() + first + 1, data.begin() + first + 1 + length);
+      }
+      // Every microbatch but the last accumulates locally; the last one's backward reduces.
+      std::optional<dist::DataParallel::NoSync> local;
+      if (m + 1 < microbatches) local.emplace(ddp);
+      ddp.begin_backward();
+      step_loss += model.forward(tokens, targets, micro, length) / static_cast<double>(microbatches);
+      model.backward(1.0 / static_cast<double>(microbatches));
+      ddp.end_backward();
+    }
+    const double norm = clip_norm > 0 ? optim::clip_grad_norm(optimizer, clip_norm) : std::nan("");
+    const double rate = learning_rate(step, lr, min_lr, warmup, decay_steps);
+    optimizer.set_lr(0, rate);
+    optimizer.set_lr(1, rate);
+    optimizer.step();
+    optimizer.zero_grad();
+    Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
+    comm->allreduce_host(loss, comm::ReduceOp::avg);
+    step_loss = loss.to_double_vector()[0];
+    metrics.step(step, 0, step_loss, norm);
+    if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
+                  static_cast<double>((step + 1) * batch * world * length) / seconds);
+    }
+  }
+  if (!save.empty() && comm->rank() == 0) {
+    std::vector<io::NamedTensor> tensors;
+    for (const Parameter& p : registry) tensors.push_back({p.name(), p.value()});
+    io::save_safetensors(save, tensors);
+  }
+  return 0;
+} catch (const std::exception& error) {
+  return comm::report_fatal_error("gpt_ddp", error);
+}
