@@ -25,6 +25,7 @@
 #include "gpt/gpt_model.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/powersgd.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/optim/adam.h"
@@ -65,7 +66,8 @@ int main(int argc, char** argv) try {
         "  --layers 2 --heads 2 --embd 64 --block 32 --gelu tanh|erf   --init WEIGHTS.safetensors   --seed 1\n"
         "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
-        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n");
+        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n"
+        "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n");
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -94,6 +96,8 @@ int main(int argc, char** argv) try {
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
   const bool quiet = flags.flag("--quiet");
+  const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
+  const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   flags.finish();
   GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
@@ -113,6 +117,12 @@ int main(int argc, char** argv) try {
     io::load_registry(registry, init, {.convert_dtypes = true});
   }
   dist::DataParallel ddp(registry, *comm);
+  std::shared_ptr<dist::PowerSGDState> powersgd;
+  if (powersgd_rank > 0 && comm->size() > 1) {
+    powersgd = std::make_shared<dist::PowerSGDState>(
+        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = powersgd_start});
+    ddp.register_comm_hook(dist::powersgd_hook(powersgd));
+  }
 
   // 2. AdamW in nanoGPT's two groups: decay for the matrices, none for biases and LayerNorms.
   std::vector<Parameter*> decay, no_decay;
@@ -169,6 +179,15 @@ int main(int argc, char** argv) try {
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
                   static_cast<double>((step + 1) * batch * world * length) / seconds);
     }
+  }
+  if (powersgd && comm->rank() == 0 && !quiet) {
+    std::printf("PowerSGD rank %d from step %lld: in its steps %lld gradient elements went to collectives for %lld "
+                "(%.1fx fewer)\n",
+                powersgd_rank, static_cast<long long>(powersgd_start),
+                static_cast<long long>(powersgd->numel_after_compression()),
+                static_cast<long long>(powersgd->numel_before_compression()),
+                static_cast<double>(powersgd->numel_before_compression()) /
+                    static_cast<double>(std::max<std::int64_t>(powersgd->numel_after_compression(), 1)));
   }
   if (!save.empty() && comm->rank() == 0) {
     std::vector<io::NamedTensor> tensors;
