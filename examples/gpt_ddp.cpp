@@ -26,6 +26,7 @@
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/dist/powersgd.h"
+#include "gradsync/dist/zero.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/optim/adam.h"
@@ -67,7 +68,8 @@ int main(int argc, char** argv) try {
         "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
         "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n"
-        "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n");
+        "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
+        "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n");
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -96,12 +98,14 @@ int main(int argc, char** argv) try {
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
   const bool quiet = flags.flag("--quiet");
+  const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   flags.finish();
   GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
   GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
+  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
 
   // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
   auto comm = comm::connect(backend);
@@ -116,7 +120,7 @@ int main(int argc, char** argv) try {
   } else {
     io::load_registry(registry, init, {.convert_dtypes = true});
   }
-  dist::DataParallel ddp(registry, *comm);
+  dist::DataParallel ddp(registry, *comm, {.shard_gradients = zero_stage == 2});
   std::shared_ptr<dist::PowerSGDState> powersgd;
   if (powersgd_rank > 0 && comm->size() > 1) {
     powersgd = std::make_shared<dist::PowerSGDState>(
@@ -131,6 +135,12 @@ int main(int argc, char** argv) try {
   optim::Adam::Options no_decay_options = options;
   no_decay_options.weight_decay = 0.0;
   optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}});
+  // ZeRO: this rank keeps AdamW's state (and with stage 2 the reduced gradient) of its pieces
+  // of each bucket only; the step updates those and gathers the parameters.
+  std::unique_ptr<dist::ZeroOptimizer> zero;
+  if (zero_stage > 0 && comm->size() > 1) {
+    zero = std::make_unique<dist::ZeroOptimizer>(optimizer, ddp, dist::ZeroOptions{.stage = zero_stage});
+  }
   examples::Metrics metrics(metrics_path, comm->rank() == 0);
   if (comm->rank() == 0 && !quiet) {
     std::printf("gpt_ddp: %d rank(s) on %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
@@ -164,11 +174,13 @@ int main(int argc, char** argv) try {
       model.backward(1.0 / static_cast<double>(microbatches));
       ddp.end_backward();
     }
-    const double norm = clip_norm > 0 ? optim::clip_grad_norm(optimizer, clip_norm) : std::nan("");
+    const double norm = clip_norm <= 0 ? std::nan("")
+                        : zero      ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
+                                    : optim::clip_grad_norm(optimizer, clip_norm);
     const double rate = learning_rate(step, lr, min_lr, warmup, decay_steps);
     optimizer.set_lr(0, rate);
     optimizer.set_lr(1, rate);
-    optimizer.step();
+    zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
     Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
     comm->allreduce_host(loss, comm::ReduceOp::avg);

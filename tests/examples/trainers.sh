@@ -87,7 +87,7 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
     resume_matches 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
-  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI), against PyTorch's
+  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2), against PyTorch's
          # (tests/reference/generate_gpt_fixtures.py): each step's loss within 1e-5 relative, the
          # final weights within 1e-5
     fixtures=$source/tests/fixtures
@@ -97,13 +97,17 @@ PY
     "$examples/gpt_ddp" "${args[@]}" --batch 4 --backend gloo --metrics "$scratch/one.jsonl" --save "$scratch/one.safetensors"
     "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
       --save "$scratch/two.safetensors"
-    for run in one two; do
+    for stage in 1 2; do  # ZeRO: the same run, AdamW's state (and at 2 the gradients) sharded
+      "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --backend mpi --zero $stage \
+        --metrics "$scratch/zero$stage.jsonl" --save "$scratch/zero$stage.safetensors"
+    done
+    for run in one two zero1 zero2; do
       sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$run.jsonl" | paste - "$fixtures/gpt_train_losses.txt" |
         awk -v run=$run '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
                          END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
       "$compare" "$scratch/$run.safetensors" "$fixtures/gpt_final.safetensors" 1e-4
     done
-    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks" ;;
+    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2 included" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
