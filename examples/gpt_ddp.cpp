@@ -14,12 +14,15 @@
 // gradient accumulates and is marked ready, the last layer's first; on the last microbatch
 // DataParallel reduces the buckets while the backward goes on); then the global norm clipped,
 // the learning rate of the step set, AdamW's step. This first version trains in f32 on the CPU;
-// the bf16, ZeRO, Join and checkpoints follow.
+// --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does; bf16, Join and
+// checkpoints with the optimizer state follow.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <numbers>
+#include <random>
 
 #include "common/trainer_support.h"
 #include "gpt/gpt_model.h"
@@ -69,7 +72,9 @@ int main(int argc, char** argv) try {
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
         "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n"
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
-        "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n");
+        "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n"
+        "  --val val.bin (the validation loss at the end)   --sample N (N tokens generated at the end)\n"
+        "  --vocab FILE (one byte per token, in token order: samples print as text)\n");
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -97,6 +102,9 @@ int main(int argc, char** argv) try {
   const double clip_norm = flags.number("--clip-norm", 1.0);
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
+  const std::string val_path = flags.text("--val", "");
+  const std::string vocab_path = flags.text("--vocab", "");
+  const std::int64_t sample_tokens = flags.integer("--sample", 0);
   const bool quiet = flags.flag("--quiet");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
@@ -191,6 +199,59 @@ int main(int argc, char** argv) try {
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
                   static_cast<double>((step + 1) * batch * world * length) / seconds);
     }
+  }
+  // 4. The validation loss: the mean over up to 16 batches of the rank's sequences of val.bin,
+  // averaged over the ranks (the same weights everywhere).
+  if (!val_path.empty()) {
+    const std::vector<std::int32_t> val = read_tokens(val_path, vocab);
+    GRADSYNC_CHECK(static_cast<std::int64_t>(val.size()) > length + 1, val_path, " is shorter than one sequence");
+    const std::int64_t val_span = static_cast<std::int64_t>(val.size()) - length - 1;
+    double total = 0;
+    const int batches = 16;
+    for (int k = 0; k < batches; ++k) {
+      std::vector<std::int32_t> tokens, targets;
+      for (std::int64_t j = 0; j < batch; ++j) {
+        const std::int64_t first = (((k * world + comm->rank()) * batch + j) * length) % val_span;
+        tokens.insert(tokens.end(), val.begin() + first, val.begin() + first + length);
+        targets.insert(targets.end(), val.begin() + first + 1, val.begin() + first + 1 + length);
+      }
+      total += model.forward(tokens, targets, batch, length) / batches;
+    }
+    Tensor mean = Tensor::from_vector(std::vector<double>{total}, {1});
+    comm->allreduce_host(mean, comm::ReduceOp::avg);
+    if (comm->rank() == 0) std::printf("validation loss %.4f\n", mean.to_double_vector()[0]);
+  }
+  // 5. A sample: from token 0, each next token drawn from the softmax of the last position's
+  // logits at temperature 0.8 (nanoGPT's sample.py), the context cropped to the block.
+  if (sample_tokens > 0 && comm->rank() == 0) {
+    std::string alphabet;
+    if (!vocab_path.empty()) {
+      std::ifstream in(vocab_path, std::ios::binary);
+      alphabet.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      GRADSYNC_CHECK(static_cast<std::int64_t>(alphabet.size()) >= vocab, vocab_path, " holds ", alphabet.size(),
+                     " characters for a vocabulary of ", vocab);
+    }
+    std::mt19937_64 engine(static_cast<std::uint64_t>(seed));
+    std::vector<std::int32_t> text{0};
+    for (std::int64_t n = 0; n < sample_tokens; ++n) {
+      const std::int64_t context = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), config.block);
+      const std::vector<std::int32_t> window(text.end() - context, text.end());
+      model.forward(window, std::vector<std::int32_t>(window.size(), 0), 1, context);
+      const double* logits = model.last_logits().data() + (context - 1) * vocab;
+      std::vector<double> weights(static_cast<std::size_t>(vocab));
+      const double largest = *std::max_element(logits, logits + vocab);
+      for (std::int64_t v = 0; v < vocab; ++v) weights[static_cast<std::size_t>(v)] = std::exp((logits[v] - largest) / 0.8);
+      text.push_back(static_cast<std::int32_t>(std::discrete_distribution<std::int64_t>(weights.begin(), weights.end())(engine)));
+    }
+    std::printf("sample:\n");
+    for (std::size_t n = 1; n < text.size(); ++n) {
+      if (alphabet.empty()) {
+        std::printf("%d ", text[n]);
+      } else {
+        std::putchar(alphabet[static_cast<std::size_t>(text[n])]);
+      }
+    }
+    std::printf("\n");
   }
   if (powersgd && comm->rank() == 0 && !quiet) {
     std::printf("PowerSGD rank %d from step %lld: in its steps %lld gradient elements went to collectives for %lld "

@@ -107,6 +107,10 @@ PY
                          END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
       "$compare" "$scratch/$run.safetensors" "$fixtures/gpt_final.safetensors" 1e-4
     done
+    # The end of a run: the validation loss over the ranks, and a sample of 20 tokens.
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --val "$fixtures/gpt_train.bin" --sample 20 >"$scratch/end.txt"
+    grep -q "^validation loss [0-9.]*$" "$scratch/end.txt"
+    [[ $(sed -n '/^sample:$/{n;p}' "$scratch/end.txt" | wc -w) == 20 ]]
     echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2 included" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
