@@ -70,7 +70,7 @@ int main(int argc, char** argv) try {
         "  --layers 2 --heads 2 --embd 64 --block 32 --gelu tanh|erf   --init WEIGHTS.safetensors   --seed 1\n"
         "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
-        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --quiet\n"
+        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --resume FILE.safetensors   --quiet\n"
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
         "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n"
         "  --val val.bin (the validation loss at the end)   --sample N (N tokens generated at the end)\n"
@@ -102,6 +102,7 @@ int main(int argc, char** argv) try {
   const double clip_norm = flags.number("--clip-norm", 1.0);
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
+  const std::string resume = flags.text("--resume", "");
   const std::string val_path = flags.text("--val", "");
   const std::string vocab_path = flags.text("--vocab", "");
   const std::int64_t sample_tokens = flags.integer("--sample", 0);
@@ -128,13 +129,6 @@ int main(int argc, char** argv) try {
   } else {
     io::load_registry(registry, init, {.convert_dtypes = true});
   }
-  dist::DataParallel ddp(registry, *comm, {.shard_gradients = zero_stage == 2});
-  std::shared_ptr<dist::PowerSGDState> powersgd;
-  if (powersgd_rank > 0 && comm->size() > 1) {
-    powersgd = std::make_shared<dist::PowerSGDState>(
-        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = powersgd_start});
-    ddp.register_comm_hook(dist::powersgd_hook(powersgd));
-  }
 
   // 2. AdamW in nanoGPT's two groups: decay for the matrices, none for biases and LayerNorms.
   std::vector<Parameter*> decay, no_decay;
@@ -143,6 +137,19 @@ int main(int argc, char** argv) try {
   optim::Adam::Options no_decay_options = options;
   no_decay_options.weight_decay = 0.0;
   optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}});
+  // A checkpoint (trainer_support's format: weights, AdamW's state, the step) is read whole on
+  // every rank, before ZeRO shards the state.
+  examples::Progress progress;
+  if (!resume.empty()) progress = examples::load_checkpoint(resume, registry, optimizer);
+
+  dist::DataParallel ddp(registry, *comm, {.shard_gradients = zero_stage == 2});
+  std::shared_ptr<dist::PowerSGDState> powersgd;
+  if (powersgd_rank > 0 && comm->size() > 1) {
+    powersgd = std::make_shared<dist::PowerSGDState>(
+        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = powersgd_start});
+    ddp.register_comm_hook(dist::powersgd_hook(powersgd));
+  }
+
   // ZeRO: this rank keeps AdamW's state (and with stage 2 the reduced gradient) of its pieces
   // of each bucket only; the step updates those and gathers the parameters.
   std::unique_ptr<dist::ZeroOptimizer> zero;
@@ -164,7 +171,7 @@ int main(int argc, char** argv) try {
   const std::int64_t span = static_cast<std::int64_t>(data.size()) - length - 1;
   const std::int64_t micro = batch / microbatches;
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 0; step < steps; ++step) {
+  for (std::int64_t step = progress.global_step; step < steps; ++step) {
     double step_loss = 0;
     for (std::int64_t m = 0; m < microbatches; ++m) {
       std::vector<std::int32_t> tokens, targets;
@@ -197,7 +204,7 @@ int main(int argc, char** argv) try {
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
-                  static_cast<double>((step + 1) * batch * world * length) / seconds);
+                  static_cast<double>((step + 1 - progress.global_step) * batch * world * length) / seconds);
     }
   }
   // 4. The validation loss: the mean over up to 16 batches of the rank's sequences of val.bin,
@@ -262,10 +269,18 @@ int main(int argc, char** argv) try {
                 static_cast<double>(powersgd->numel_before_compression()) /
                     static_cast<double>(std::max<std::int64_t>(powersgd->numel_after_compression(), 1)));
   }
-  if (!save.empty() && comm->rank() == 0) {
-    std::vector<io::NamedTensor> tensors;
-    for (const Parameter& p : registry) tensors.push_back({p.name(), p.value()});
-    io::save_safetensors(save, tensors);
+  if (!save.empty()) {
+    // The weights under nanoGPT's names (PyTorch loads them), AdamW's state (ZeRO's pieces
+    // gathered: every rank takes part), the step; one file, written atomically by rank 0.
+    examples::OptimizerCheckpoint state;
+    if (zero) {
+      dist::ZeroOptimizer::State consolidated = zero->consolidated_state();
+      state = examples::OptimizerCheckpoint{std::move(consolidated.tensors), std::move(consolidated.metadata)};
+    } else {
+      state = examples::OptimizerCheckpoint{optimizer.state_tensors(), optimizer.state_metadata()};
+    }
+    progress.global_step = std::max(progress.global_step, steps);
+    if (comm->rank() == 0) examples::save_checkpoint(save, registry, state, progress);
   }
   return 0;
 } catch (const std::exception& error) {

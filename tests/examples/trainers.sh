@@ -23,15 +23,17 @@ loss_went_down() {
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
 }
 
-# digits_ddp with FLAGS stopped after HALF steps and resumed to ALL ends byte for byte as a run
-# that never stopped: weights, optimizer state, progress and whatever else the checkpoint holds.
-#   resume_matches HALF ALL FLAGS...
+# A trainer (digits_ddp: steps by --max-steps; gpt_ddp: by --steps) with FLAGS stopped after
+# HALF steps and resumed to ALL ends byte for byte as a run that never stopped: weights, optimizer
+# state, progress and whatever else the checkpoint holds.
+#   resume_matches TRAINER HALF ALL FLAGS...
 resume_matches() {
-  local half=$1 all=$2
-  shift 2
-  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$all" --save "$scratch/straight.safetensors"
-  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$half" --save "$scratch/half.safetensors"
-  "${mpirun[@]}" "$examples/digits_ddp" "$@" --max-steps "$all" --resume "$scratch/half.safetensors" \
+  local trainer=$1 half=$2 all=$3 steps=--max-steps
+  shift 3
+  [[ $trainer == gpt_ddp ]] && steps=--steps
+  "${mpirun[@]}" "$examples/$trainer" "$@" $steps "$all" --save "$scratch/straight.safetensors"
+  "${mpirun[@]}" "$examples/$trainer" "$@" $steps "$half" --save "$scratch/half.safetensors"
+  "${mpirun[@]}" "$examples/$trainer" "$@" $steps "$all" --resume "$scratch/half.safetensors" \
     --save "$scratch/resumed.safetensors"
   cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
 }
@@ -80,38 +82,42 @@ PY
     "$compare" "$scratch/single.safetensors" "$scratch/forced.safetensors" 0
     "$compare" "$scratch/single.safetensors" "$scratch/multi.safetensors" 1e-5 ;;
   resume)  # interrupted at step 13 and resumed = uninterrupted, byte for byte (weights and optimizer state)
-    resume_matches 13 40 --optimizer adam --microbatches 2 --quiet
+    resume_matches digits_ddp 13 40 --optimizer adam --microbatches 2 --quiet
     echo "resumed run matches the uninterrupted run byte for byte" ;;
   powersgd)  # PowerSGD: the accuracy target at rank 1; interrupted and resumed = uninterrupted, byte for byte
     # (its error feedback, P, Q and generator ride in the checkpoint)
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
-    resume_matches 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
+    resume_matches digits_ddp 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
   gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2), against PyTorch's
          # (tests/reference/generate_gpt_fixtures.py): each step's loss within 1e-5 relative, the
          # final weights within 1e-5
     fixtures=$source/tests/fixtures
     args=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 --length 8
-          --init "$fixtures/gpt_init.safetensors" --steps 20 --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
+          --init "$fixtures/gpt_init.safetensors" --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
           --weight-decay 0.1 --eps 1e-6 --clip-norm 1 --quiet)
-    "$examples/gpt_ddp" "${args[@]}" --batch 4 --backend gloo --metrics "$scratch/one.jsonl" --save "$scratch/one.safetensors"
-    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
+    "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 4 --backend gloo --metrics "$scratch/one.jsonl" \
+      --save "$scratch/one.safetensors"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
       --save "$scratch/two.safetensors"
     for stage in 1 2; do  # ZeRO: the same run, AdamW's state (and at 2 the gradients) sharded
-      "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --backend mpi --zero $stage \
+      "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --zero $stage \
         --metrics "$scratch/zero$stage.jsonl" --save "$scratch/zero$stage.safetensors"
     done
     for run in one two zero1 zero2; do
       sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$run.jsonl" | paste - "$fixtures/gpt_train_losses.txt" |
         awk -v run=$run '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
                          END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
-      "$compare" "$scratch/$run.safetensors" "$fixtures/gpt_final.safetensors" 1e-4
+      "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
     done
     # The end of a run: the validation loss over the ranks, and a sample of 20 tokens.
-    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --batch 2 --val "$fixtures/gpt_train.bin" --sample 20 >"$scratch/end.txt"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --val "$fixtures/gpt_train.bin" --sample 20 \
+      >"$scratch/end.txt"
     grep -q "^validation loss [0-9.]*$" "$scratch/end.txt"
     [[ $(sed -n '/^sample:$/{n;p}' "$scratch/end.txt" | wc -w) == 20 ]]
-    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2 included" ;;
+    # Interrupted at step 7 and resumed (weights, AdamW's state, the step; ZeRO 1's consolidated).
+    resume_matches gpt_ddp 7 20 "${args[@]}" --batch 2 --zero 1
+    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2 included; a resumed run is byte for byte" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
@@ -123,7 +129,7 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --precision fp16 --epochs 20 --seed 1 --min-accuracy 0.95 --quiet --check-replicas
     "$source/scripts/launch.sh" 2 "$examples/horovod_style" --backend gloo --precision fp16 --clip-norm 1 --epochs 20 \
       --min-accuracy 0.95 --quiet --check-replicas
-    resume_matches 11 30 --precision fp16 --optimizer adam --quiet  # weights, master weights, moments, loss scale
+    resume_matches digits_ddp 11 30 --precision fp16 --optimizer adam --quiet  # weights, master weights, moments, loss scale
     echo "fp16 resumed run matches the uninterrupted run byte for byte" ;;
   clip_norm)  # the total norm the trainers report equals an independent computation: one process
               # over the same 64 samples (no shuffling: rank r's half is rows r, r+2, ...), no reduction
