@@ -73,9 +73,11 @@ else
   sweeps+=":Cases/ZeroJoin.*/2_ranks*:Cases/ZeroJoin.*/4_ranks*"
   sweeps+=":Cases/ZeroMatches.*/2_ranks*:Cases/ZeroMatches.*/4_ranks*:Cases/ZeroMatches.*_sgd_*:Cases/ZeroMatches.*_adamw_*"
   sweeps+=":Cases/ZeroHorovod.*/2_ranks*:Cases/ZeroHorovod.*/4_ranks*"
-  # The hierarchy's layout sweep (6 ranks, 1 Mi elements, every dtype) repeats the 2 x 2 case's
-  # threads on more ranks.
-  sweeps+=":Hierarchical.EveryLayoutReducesCorrectly"
+  # Of the hierarchy's sweeps (up to 6 ranks, 1 Mi elements, every dtype; 20+ minutes under TSan),
+  # the 2 x 2 case, the front ends and the settings check run here: the others repeat their
+  # threads on more ranks or another mode.
+  sweeps+=":Hierarchical.EveryLayoutReducesCorrectly:Hierarchical.FlatAddsInAnotherOrderSoTheCheckCanTell"
+  sweeps+=":Hierarchical.AutomaticModeAboveItsThreshold"
   meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero staging devices store reproducible split hierarchical powersgd \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:$sweeps"
 fi
