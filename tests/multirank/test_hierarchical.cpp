@@ -45,7 +45,7 @@ TEST(Hierarchical, EveryLayoutReducesCorrectly) {
 }
 
 TEST(Hierarchical, AutomaticModeAboveItsThreshold) {
-  comm::run_gloo_thread_group(4, [](comm::Communicator& world) { testing::hierarchical_values(world, Expect::any_order); },
+  comm::run_gloo_thread_group(4, [](comm::Communicator& world) { testing::hierarchical_values(world, Expect::any_order, 1 << 20); },
                               on_nodes(4, 2, false, CommOptions::Hierarchy::automatic));
 }
 

@@ -32,10 +32,12 @@ std::string simulated_node(int rank, int size, int nodes, bool round_robin) {
   return "node" + std::to_string(round_robin ? rank % nodes : rank / per_node);
 }
 
-void hierarchical_values(comm::Communicator& world, Expect expect) {
+void hierarchical_values(comm::Communicator& world, Expect expect, std::int64_t largest) {
   const int n_ranks = world.size();
   const int me = world.rank();
-  for (const std::int64_t n : {0, 1, 3, 7, 1000, 100003, 1 << 20}) {
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::int64_t{1000},
+                               std::int64_t{100003}, std::int64_t{1} << 20}) {
+    if (n > largest) continue;
     for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
       const std::string where = std::string(dtype_name(dtype)) + " x " + std::to_string(n) + ", rank " +
                                 std::to_string(me) + " of " + std::to_string(n_ranks);
