@@ -244,10 +244,9 @@ int main(int argc, char** argv) try {
       const std::int64_t context = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), config.block);
       const std::vector<std::int32_t> window(text.end() - context, text.end());
       model.forward(window, std::vector<std::int32_t>(window.size(), 0), 1, context);
-      const double* logits = model.last_logits().data() + (context - 1) * vocab;
-      std::vector<double> weights(static_cast<std::size_t>(vocab));
-      const double largest = *std::max_element(logits, logits + vocab);
-      for (std::int64_t v = 0; v < vocab; ++v) weights[static_cast<std::size_t>(v)] = std::exp((logits[v] - largest) / 0.8);
+      // softmax(logits / 0.8) is softmax(logits) to the power 1 / 0.8, renormalised.
+      std::vector<double> weights = model.probabilities(context - 1);
+      for (double& w : weights) w = std::pow(w, 1.0 / 0.8);
       text.push_back(static_cast<std::int32_t>(std::discrete_distribution<std::int64_t>(weights.begin(), weights.end())(engine)));
     }
     std::printf("sample:\n");

@@ -188,6 +188,15 @@ double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<s
   return dtype_ == DType::f32 ? forward_as<float>(tokens, targets) : forward_as<double>(tokens, targets);
 }
 
+std::vector<double> Gpt::probabilities(std::int64_t row) const {
+  GRADSYNC_CHECK(saved_ != nullptr && row >= 0 && row < batch_ * length_, "Gpt::probabilities: no forward holds token ", row);
+  const auto read = [&](const auto& probs) {
+    return std::vector<double>(probs.begin() + row * config_.vocab, probs.begin() + (row + 1) * config_.vocab);
+  };
+  return dtype_ == DType::f32 ? read(static_cast<const Activations<float>*>(saved_.get())->probs)
+                              : read(static_cast<const Activations<double>*>(saved_.get())->probs);
+}
+
 void Gpt::backward(double loss_scale) {
   GRADSYNC_CHECK(saved_ != nullptr, "Gpt::backward: no forward to go back through");
   dtype_ == DType::f32 ? backward_as<float>(loss_scale) : backward_as<double>(loss_scale);
@@ -267,7 +276,6 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
   // loss summed in double).
   act->probs.resize(static_cast<std::size_t>(N * V));
   linear<T>(act->probs.data(), act->ln_f.data(), wte, nullptr, N, C, V);
-  logits_out_.assign(act->probs.begin(), act->probs.end());
   double loss = 0;
   for (std::int64_t n = 0; n < N; ++n) {
     T* row = &act->probs[static_cast<std::size_t>(n * V)];

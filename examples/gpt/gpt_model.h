@@ -46,8 +46,9 @@ class Gpt {
   // (T <= block). Keeps what the backward needs.
   double forward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, std::int64_t batch,
                  std::int64_t length);
-  // The logits of the last forward, [B, T, vocab] (for sampling).
-  const std::vector<double>& last_logits() const { return logits_out_; }
+  // The last forward's predicted distribution (the softmax of the logits) at token `row` of the
+  // B x T, for sampling. Kept with the activations: no copy of the logits on the training path.
+  std::vector<double> probabilities(std::int64_t row) const;
 
   // The gradient of (loss x loss_scale) into every parameter's gradient, added to what is there
   // (microbatches accumulate); each parameter is marked ready as soon as its gradient is
@@ -77,7 +78,6 @@ class Gpt {
   std::int64_t batch_ = 0;
   std::int64_t length_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
-  std::vector<double> logits_out_;
   std::shared_ptr<void> saved_;
 };
 
