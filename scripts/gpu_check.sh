@@ -67,7 +67,11 @@ done
 # The CUDA instances of the parameterised suites (their CPU instances run in CI).
 run devices_gloo_1-4_ranks "$bundle/bin/test_devices" --gtest_brief=1 --gtest_filter='*cuda*:NcclRanks.*'
 run checklist_horovod "$bundle/bin/test_dist" --gtest_brief=1 --gtest_filter='*cuda*'
-run checklist_ddp "$bundle/bin/test_data_parallel" --gtest_brief=1 --gtest_filter='*cuda*
+run checklist_ddp "$bundle/bin/test_data_parallel" --gtest_brief=1 --gtest_filter='*cuda*'
+# PowerSGD on the device: its kernels (cuBLAS products, the orthogonalizations) against the
+# host's, then every PyTorch fixture case with the gradients on cuda:0.
+run low_rank_cuda "$bundle/bin/test_low_rank" --gtest_brief=1 --gtest_filter='*cuda*'
+run powersgd_cuda "$bundle/bin/test_powersgd" --gtest_brief=1 --gtest_filter='*cuda*'
 if ((have_mpirun)); then
   for ranks in 2 4; do
     run "devices_mpi_np$ranks" "${mpi_run[@]}" -np "$ranks" "$bundle/bin/test_mpi" --gtest_brief=1 \

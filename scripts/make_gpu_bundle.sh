@@ -24,7 +24,8 @@ mkdir -p gpu_bundle/bin gpu_bundle/lib
 binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/test_casts build-gpu/tests/test_ops
           build-gpu/tests/test_registry build-gpu/tests/test_safetensors build-gpu/tests/test_optimizers build-gpu/tests/test_nn
           build-gpu/tests/test_staging build-gpu/tests/test_devices build-gpu/tests/test_mpi
-          build-gpu/tests/test_dist build-gpu/tests/test_data_parallel
+          build-gpu/tests/test_dist build-gpu/tests/test_data_parallel build-gpu/tests/test_low_rank
+          build-gpu/tests/test_powersgd
           build-gpu/benchmarks/bench_ops build-gpu/benchmarks/bench_checkpoint build-gpu/benchmarks/bench_optimizers
           build-gpu/benchmarks/bench_collectives build-gpu/benchmarks/bench_ddp
           build-gpu/examples/digits_ddp build-gpu/examples/horovod_style)

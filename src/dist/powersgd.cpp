@@ -2,13 +2,11 @@
 // and data give the same P, Q, error and gradients (tests/reference/gen_powersgd.py).
 #include "gradsync/dist/powersgd.h"
 
-#include <Eigen/Dense>
 #include <algorithm>
-#include <cmath>
 
 #include "completed_work.h"
-#include "kernels/cpu/eigen_rows.h"
 #include "gradsync/kernels/ops.h"
+#include "kernels/low_rank.h"
 #include "torch_random.h"
 
 namespace gradsync::dist {
@@ -29,62 +27,30 @@ struct PowerSGDState::Impl {
 };
 
 namespace {
-// `buffers[b]`, (re)made with `numel` elements of `dtype` when it has another size.
-Tensor& reuse(std::map<std::size_t, Tensor>& buffers, std::size_t b, std::int64_t numel, DType dtype) {
+
+// `buffers[b]`, (re)made with `numel` elements of `dtype` on `device` when it differs.
+Tensor& reuse(std::map<std::size_t, Tensor>& buffers, std::size_t b, std::int64_t numel, DType dtype, Device device) {
   Tensor& buffer = buffers[b];
-  if (!buffer.defined() || buffer.numel() != numel || buffer.dtype() != dtype) buffer = Tensor::empty({numel}, dtype);
+  if (!buffer.defined() || buffer.numel() != numel || buffer.dtype() != dtype || buffer.device() != device) {
+    buffer = Tensor::empty({numel}, dtype, device);
+  }
   return buffer;
 }
-}  // namespace
 
-namespace {
-
-template <typename T>
-using Matrix = kernels::cpu::RowMatrix<T>;
-template <typename T>
-using MatrixMap = kernels::cpu::RowMap<T>;
+// `buffers[b]` moved to `device` when it is elsewhere (a state loaded from a checkpoint is on
+// the host), or nullptr when there is none.
+Tensor* on_device(std::map<std::size_t, Tensor>& buffers, std::size_t b, Device device) {
+  auto found = buffers.find(b);
+  if (found == buffers.end()) return nullptr;
+  if (found->second.device() != device) found->second = found->second.to(device);
+  return &found->second;
+}
 
 // "bucket 3 (h.0.weight, h.0.bias, ...)" for messages.
 std::string bucket_name(const BucketInfo& info) {
   std::string name = "bucket " + std::to_string(info.index) + " (";
   for (std::size_t m = 0; m < info.members.size() && m < 3; ++m) name += (m ? ", " : "") + info.members[m]->name();
   return name + (info.members.size() > 3 ? ", ...)" : ")");
-}
-
-// torch's _orthogonalize_gram_schmidt on one rows x r matrix: each column is normalised (its
-// norm plus epsilon), then its projection removed from the columns after it.
-template <typename T>
-void gram_schmidt(MatrixMap<T> matrix, double epsilon, const std::string& what) {
-  for (Eigen::Index i = 0; i < matrix.cols(); ++i) {
-    const T norm = matrix.col(i).norm();
-    GRADSYNC_CHECK(norm + epsilon > 0, "PowerSGD: ", what, " has an all-zero column to orthogonalize (a vanishing ",
-                   "gradient); set PowerSGDOptions::orthogonalization_epsilon (e.g. 1e-8), as PyTorch advises");
-    matrix.col(i) /= norm + static_cast<T>(epsilon);
-    for (Eigen::Index j = i + 1; j < matrix.cols(); ++j) {
-      matrix.col(j) -= matrix.col(i).dot(matrix.col(j)) * matrix.col(i);
-    }
-  }
-}
-
-// torch.linalg.qr's Q (LAPACK's Householder reflections, whose signs Eigen's follow too), what
-// torch uses from rank 3 on.
-template <typename T>
-void householder(MatrixMap<T> matrix) {
-  const Eigen::HouseholderQR<Matrix<T>> qr(matrix);
-  // The thin Q: the reflections applied to the first columns of the identity (never the
-  // rows x rows Q, which for a 1024 x 4 P would be a thousand times the work).
-  Matrix<T> thin = Matrix<T>::Identity(matrix.rows(), matrix.cols());
-  qr.householderQ().applyThisOnTheLeft(thin);
-  matrix = thin;
-}
-
-template <typename T>
-void orthogonalize(MatrixMap<T> matrix, double epsilon, const std::string& what) {
-  if (matrix.cols() <= 2) {
-    gram_schmidt<T>(matrix, epsilon, what);
-  } else {
-    householder<T>(matrix);
-  }
 }
 
 // Matrices of one shape, compressed together: `offsets` in the flat buffer (one matrix unless
@@ -104,25 +70,45 @@ struct Plain {
   std::int64_t numel;
 };
 
-template <typename T>
+// One compressed gradient: M (rows x cols) in the bucket, its P (rows x r) and Q (cols x r)
+// in the bucket's memories; all three are views.
+struct Factors {
+  Tensor m;
+  Tensor p;
+  Tensor q;
+  std::string name;
+};
+
+// Orthonormalizes the P or Q (`which`) of every factor: torch's _orthogonalize (Gram-Schmidt
+// to rank 2, Householder QR above), on the factors' device (src/kernels/low_rank.h).
+void orthonormalize(std::vector<Factors>& factors, Tensor Factors::*which, const char* what, double epsilon) {
+  std::vector<Tensor> matrices;
+  matrices.reserve(factors.size());
+  for (const Factors& f : factors) matrices.push_back(f.*which);
+  const std::int64_t failed = kernels::orthonormalize_columns(matrices, epsilon);
+  GRADSYNC_CHECK(failed < 0, "PowerSGD: the ", what, " of ", factors[static_cast<std::size_t>(failed)].name,
+                 " has an all-zero column to orthogonalize (a vanishing gradient); set ",
+                 "PowerSGDOptions::orthogonalization_epsilon (e.g. 1e-8), as PyTorch advises");
+}
+
 void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tensor& flat, const BucketInfo& info) {
   const PowerSGDOptions& options = state.options;
   const std::size_t b = info.index;
   const double world = comm.size();
-  T* data = flat.data_as<T>();
+  const DType dtype = flat.dtype();
+  const Device device = flat.device();
 
   // Error feedback: last step's residue joins this step's gradient.
   Tensor input_copy;
   if (options.use_error_feedback) {
-    auto found = state.error.find(b);
-    if (found == state.error.end()) {
-      state.error[b] = Tensor::zeros({flat.numel()}, flat.dtype());
+    if (const Tensor* error = on_device(state.error, b, device)) {
+      GRADSYNC_CHECK(error->numel() == flat.numel(), "PowerSGD: ", bucket_name(info), " holds ", flat.numel(),
+                     " elements, its error feedback ", error->numel(), ": the buckets changed under the state");
+      ops::axpy(1.0, *error, flat);
     } else {
-      GRADSYNC_CHECK(found->second.numel() == flat.numel(), "PowerSGD: ", bucket_name(info), " holds ", flat.numel(),
-                     " elements, its error feedback ", found->second.numel(), ": the buckets changed under the state");
-      ops::axpy(1.0, found->second, flat);
+      state.error[b] = Tensor::zeros({flat.numel()}, dtype, device);
     }
-    input_copy = reuse(state.input_copy, b, flat.numel(), flat.dtype());
+    input_copy = reuse(state.input_copy, b, flat.numel(), dtype, device);
     ops::copy(flat, input_copy);
   }
 
@@ -176,40 +162,47 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
 
   const bool randomize = !options.warm_start || state.p_memory.count(b) == 0;
   if (randomize) {
-    state.p_memory[b] = Tensor::empty({p_total}, flat.dtype());
-    state.q_memory[b] = Tensor::empty({q_total}, flat.dtype());
+    state.p_memory[b] = Tensor::empty({p_total}, dtype, device);
+    state.q_memory[b] = Tensor::empty({q_total}, dtype, device);
   }
-  GRADSYNC_CHECK(state.p_memory[b].numel() == p_total && state.q_memory[b].numel() == q_total, "PowerSGD: ",
-                 bucket_name(info), " needs ", p_total, " + ", q_total, " elements of P and Q, its memory holds ",
-                 state.p_memory[b].numel(), " + ", state.q_memory[b].numel(), ": the buckets changed under the state");
-  T* p_memory = state.p_memory[b].data_as<T>();
-  T* q_memory = state.q_memory[b].data_as<T>();
-  const auto each = [&](const auto& body) {
-    for (const Block& block : blocks) {
-      for (std::size_t k = 0; k < block.offsets.size(); ++k) {
-        const std::int64_t i = static_cast<std::int64_t>(k);
-        body(block, block.names[k], MatrixMap<T>(data + block.offsets[k], block.rows, block.cols),
-             MatrixMap<T>(p_memory + block.p_offset + i * block.rows * block.rank, block.rows, block.rank),
-             MatrixMap<T>(q_memory + block.q_offset + i * block.cols * block.rank, block.cols, block.rank));
-      }
+  Tensor& p_memory = *on_device(state.p_memory, b, device);
+  Tensor& q_memory = *on_device(state.q_memory, b, device);
+  GRADSYNC_CHECK(p_memory.numel() == p_total && q_memory.numel() == q_total, "PowerSGD: ", bucket_name(info), " needs ",
+                 p_total, " + ", q_total, " elements of P and Q, its memory holds ", p_memory.numel(), " + ",
+                 q_memory.numel(), ": the buckets changed under the state");
+  std::vector<Factors> factors;
+  for (const Block& block : blocks) {
+    for (std::size_t k = 0; k < block.offsets.size(); ++k) {
+      const auto i = static_cast<std::int64_t>(k);
+      factors.push_back({flat.view(static_cast<std::size_t>(block.offsets[k]), {block.rows, block.cols}),
+                         p_memory.view(static_cast<std::size_t>(block.p_offset + i * block.rows * block.rank), {block.rows, block.rank}),
+                         q_memory.view(static_cast<std::size_t>(block.q_offset + i * block.cols * block.rank), {block.cols, block.rank}),
+                         block.names[k]});
     }
-  };
+  }
 
-  // Q: last step's (warm start), or random, the same on every rank (a shared seed).
+  // Q: last step's (warm start), or random, the same on every rank (a shared seed). torch draws
+  // on the CPU and copies to the device; so does this.
   if (randomize) {
     random::TorchNormal normal(static_cast<std::uint32_t>(random::numpy_randint(state.rng, 1'000'000'000)));
+    Tensor drawn = device.is_cpu() ? q_memory : Tensor::empty({q_total}, dtype);
     for (const Block& block : blocks) {
-      normal.fill(q_memory + block.q_offset, static_cast<std::size_t>(block.offsets.size() * block.cols * block.rank));
+      const auto n = static_cast<std::size_t>(block.offsets.size() * block.cols * block.rank);
+      if (dtype == DType::f32) {
+        normal.fill(drawn.data_as<float>() + block.q_offset, n);
+      } else {
+        normal.fill(drawn.data_as<double>() + block.q_offset, n);
+      }
     }
+    if (!device.is_cpu()) q_memory.copy_from(drawn);
   }
-  each([&](const Block&, const std::string& name, auto, auto, auto q) {
-    orthogonalize<T>(q, options.orthogonalization_epsilon, "the Q of " + name);
-  });
+  const double epsilon = options.orthogonalization_epsilon;
+  if (!factors.empty()) orthonormalize(factors, &Factors::q, "Q", epsilon);
   // P = M Q, summed over ranks, orthogonalized.
-  each([](const Block&, const std::string&, auto m, auto p, auto q) { p.noalias() = m * q; });
+  for (Factors& f : factors) kernels::matmul(f.m, false, f.q, false, f.p);
 
   // The tensors not worth compressing: one message for all of them, averaged.
-  Tensor& uncompressed = reuse(state.uncompressed, b, plain_total, flat.dtype());
+  Tensor& uncompressed = reuse(state.uncompressed, b, plain_total, dtype, device);
   std::int64_t at = 0;
   for (const Plain& piece : plain) {
     Tensor target = uncompressed.view(static_cast<std::size_t>(at), {piece.numel});
@@ -225,15 +218,13 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
     at += piece.numel;
   }
 
-  comm.allreduce(state.p_memory[b], comm::ReduceOp::sum);  // orthogonalized next: no division needed
-  each([&](const Block&, const std::string& name, auto, auto p, auto) {
-    orthogonalize<T>(p, options.orthogonalization_epsilon, "the P of " + name);
-  });
+  comm.allreduce(p_memory, comm::ReduceOp::sum);  // orthogonalized next: no division needed
+  if (!factors.empty()) orthonormalize(factors, &Factors::p, "P", epsilon);
   // Q = M^T P, averaged; then M = P Q^T, the same on every rank.
-  each([](const Block&, const std::string&, auto m, auto p, auto q) { q.noalias() = m.transpose() * p; });
-  comm.allreduce(state.q_memory[b], comm::ReduceOp::sum);
-  ops::scale(state.q_memory[b], 1.0 / world);
-  each([](const Block&, const std::string&, auto m, auto p, auto q) { m.noalias() = p * q.transpose(); });
+  for (Factors& f : factors) kernels::matmul(f.m, true, f.p, false, f.q);
+  comm.allreduce(q_memory, comm::ReduceOp::sum);
+  ops::scale(q_memory, 1.0 / world);
+  for (Factors& f : factors) kernels::matmul(f.p, false, f.q, true, f.m);
 
   if (options.use_error_feedback) {
     Tensor& error = state.error[b];
@@ -274,7 +265,10 @@ std::int64_t PowerSGDState::numel_after_compression() const { return impl_->nume
 std::map<std::string, Tensor> PowerSGDState::state_dict() const {
   std::map<std::string, Tensor> state;
   const auto add = [&](const char* kind, const std::map<std::size_t, Tensor>& tensors) {
-    for (const auto& [bucket, tensor] : tensors) state[std::string(kind) + "." + std::to_string(bucket)] = tensor.clone();
+    for (const auto& [bucket, tensor] : tensors) {
+      // Host copies, whatever the device: a checkpoint is written from the host.
+      state[std::string(kind) + "." + std::to_string(bucket)] = tensor.device().is_cpu() ? tensor.clone() : tensor.to(Device::cpu());
+    }
   };
   add("error", impl_->error);
   add("p", impl_->p_memory);
@@ -346,17 +340,13 @@ ReduceHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
   GRADSYNC_CHECK(state != nullptr, "powersgd_hook: no state");
   return [state](comm::Communicator& comm, Tensor& flat, const BucketInfo& info) -> comm::WorkHandle {
     PowerSGDState::Impl& impl = state->impl();
-    GRADSYNC_CHECK(flat.device().is_cpu(), "PowerSGD: ", bucket_name(info), " is on ", flat.device().str(),
-                   "; this PowerSGD runs on host tensors (CUDA kernels are not written yet)");
     GRADSYNC_CHECK(flat.dtype() == DType::f32 || flat.dtype() == DType::f64, "PowerSGD: ", bucket_name(info), " holds ",
                    dtype_name(flat.dtype()), " gradients; PowerSGD runs on f32 and f64 (keep f32 gradients, or use ",
                    "Compression::bf16 instead)");
     if (impl.iteration < impl.options.start_powerSGD_iter) {
       comm.allreduce(flat, comm::ReduceOp::avg);  // plain averaging until PowerSGD starts
-    } else if (flat.dtype() == DType::f32) {
-      compress_bucket<float>(impl, comm, flat, info);
     } else {
-      compress_bucket<double>(impl, comm, flat, info);
+      compress_bucket(impl, comm, flat, info);
     }
     if (info.index + 1 == info.bucket_count) ++impl.iteration;  // the round's last bucket ends a step
     return std::make_shared<CompletedWork>("powerSGD " + bucket_name(info));

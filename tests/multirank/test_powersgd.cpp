@@ -18,6 +18,7 @@
 #include "gradsync/io/safetensors.h"
 #include "gradsync/registry/parameter_registry.h"
 #include "optimizers.h"
+#include "ranks_on_device.h"
 #include "test_util.h"
 
 namespace gradsync {
@@ -69,9 +70,19 @@ TEST(PowerSGDRandom, NumpysDrawsSeedTorchsGeneratorAsPyTorchDoes) {
   near(wide, fixture().read("randn.double"), "randn(40, float64)");
 }
 
-class PowerSGDReference : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDReference, ::testing::Values("w2_r1", "w3_r4", "w2_r2_batch", "w2_r1_cold"),
-                         [](const auto& info) { return info.param; });
+// Each case on the host and on cuda:0 (the products through cuBLAS, the orthogonalizations in
+// gradsync's kernels; the collectives staged through the host by Gloo). The CUDA instances
+// skip, saying why, without a usable device.
+class PowerSGDReference : public ::testing::TestWithParam<std::tuple<std::string, const char*>> {
+ protected:
+  void SetUp() override { GRADSYNC_SKIP_UNLESS_USABLE(device()); }
+  const std::string& name() const { return std::get<0>(GetParam()); }
+  Device device() const { return Device::parse(std::get<1>(GetParam())); }
+};
+INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDReference,
+                         ::testing::Combine(::testing::Values("w2_r1", "w3_r4", "w2_r2_batch", "w2_r1_cold"),
+                                            ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 // The bounds, relative to each tensor's largest magnitude: f32 products and norms summed in
 // another order than torch's BLAS, through two orthogonalizations per step, and carried from
@@ -112,7 +123,8 @@ Tensor input_of(const std::string& name, int rank, int step) {
 }
 
 TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
-  const std::string name = GetParam();
+  const std::string name = this->name();
+  const Device device = this->device();
   const nlohmann::json the_case = meta(name + ".case");
   const nlohmann::json layout = meta(name + ".layout");
   const int world = the_case["world"];
@@ -127,7 +139,7 @@ TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
     for (int step = 0; step < steps; ++step) {
       const std::string prefix = name + ".rank" + std::to_string(rank) + ".step" + std::to_string(step);
       const std::string where = prefix + " (iteration " + std::to_string(state->iteration()) + ")";
-      Tensor flat = input_of(name, rank, step);
+      Tensor flat = input_of(name, rank, step).to(device);
       hook(comm, flat, bucket_at(registry, layout, step))->wait();
       const auto check = [&](const Tensor& got, const std::string& key) {
         const double difference = relative_difference(got, fixture().read(prefix + "." + key));
@@ -150,7 +162,8 @@ TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
   });
   double largest = 0;
   for (const double w : worst) largest = std::max(largest, w);
-  std::printf("%s: worst difference relative to the largest magnitude %.2e\n", name.c_str(), largest);
+  std::printf("%s on %s: worst difference relative to the largest magnitude %.2e\n", name.c_str(),
+              device.str().c_str(), largest);
 }
 
 // A run stopped after step 12 (each rank's state saved to a safetensors file, loaded into a new

@@ -16,8 +16,9 @@
 //   auto state = std::make_shared<dist::PowerSGDState>(dist::PowerSGDOptions{.matrix_approximation_rank = 2});
 //   ddp.register_comm_hook(dist::powersgd_hook(state));
 //
-// One state per model (it keys its memory by bucket index, as PyTorch's does). Host tensors of
-// f32 or f64; other dtypes and device tensors are refused, naming the bucket.
+// One state per model (it keys its memory by bucket index, as PyTorch's does). Gradients of f32
+// or f64, on the host or a CUDA device (the products through cuBLAS, the orthogonalization in
+// gradsync's kernels: src/kernels/low_rank.h); other dtypes are refused, naming the bucket.
 #pragma once
 
 #include <cstdint>

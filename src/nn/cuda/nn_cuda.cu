@@ -3,10 +3,10 @@
 // communicator orders its work. Row-major [rows, cols] buffers are column-major [cols, rows]
 // to cuBLAS, so each product below is written transposed (the comments give the row-major
 // meaning and the column-major call).
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "../../core/cuda_check.h"
+#include "../../kernels/cuda/blas.h"
 #include "../../kernels/cuda/device_scope.h"
 #include "../nn_kernels.h"
 
@@ -14,30 +14,8 @@ namespace gradsync::nn::cuda {
 
 namespace {
 
-void check_cublas(cublasStatus_t status, const char* call) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    detail::throw_error("cuBLAS call ", call, " failed: ", cublasGetStatusString(status));
-  }
-}
-
-// One handle per device and thread, created on first use, queued on the scope's stream (the
-// caller's current stream) for this call.
-cublasHandle_t handle(int device, cudaStream_t stream) {
-  static thread_local cublasHandle_t handles[64] = {};
-  if (handles[device] == nullptr) check_cublas(cublasCreate(&handles[device]), "cublasCreate");
-  check_cublas(cublasSetStream(handles[device], stream), "cublasSetStream");
-  return handles[device];
-}
-
-template <typename T>
-void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, T alpha, const T* a, int lda,
-          const T* b, int ldb, T beta, T* c, int ldc) {
-  if constexpr (sizeof(T) == 4) {
-    check_cublas(cublasSgemm(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "cublasSgemm");
-  } else {
-    check_cublas(cublasDgemm(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc), "cublasDgemm");
-  }
-}
+using kernels::cuda::cublas_handle;
+using kernels::cuda::gemm;
 
 template <typename T>
 __global__ void add_bias(T* y, const T* b, long long rows, long long cols) {
@@ -77,7 +55,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   if (batch == 0 || out == 0) return;  // nothing to write
   with_float(x.dtype(), [&]<typename T>(T) {
     // y[B,out] = x[B,in] W[out,in]^T   <=>   y^T = W x^T: gemm(T, N, out, B, in)
-    gemm<T>(handle(x.device().index, scope.stream()), CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, T(1), w.data_as<T>(), in, x.data_as<T>(), in,
+    gemm<T>(cublas_handle(x.device().index, scope.stream()), CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, T(1), w.data_as<T>(), in, x.data_as<T>(), in,
             T(0), y.data_as<T>(), out);
     add_bias<T><<<blocks(static_cast<long long>(batch) * out), 256, 0, scope.stream()>>>(y.data_as<T>(), b.data_as<T>(), batch, out);
   });
@@ -89,7 +67,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& gy, Tensor&
   const int batch = static_cast<int>(x.shape()[0]), in = static_cast<int>(w.shape()[1]), out = static_cast<int>(w.shape()[0]);
   if (batch == 0) return;  // an empty batch adds nothing to gw and gb, and gx is empty
   with_float(x.dtype(), [&]<typename T>(T) {
-    cublasHandle_t h = handle(x.device().index, scope.stream());
+    cublasHandle_t h = cublas_handle(x.device().index, scope.stream());
     // gw[out,in] += gy^T x   <=>   gw^T += x^T gy: gemm(N, T, in, out, B), beta 1
     gemm<T>(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, T(1), x.data_as<T>(), in, gy.data_as<T>(), out, T(1),
             gw.data_as<T>(), in);
