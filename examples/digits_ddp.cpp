@@ -47,13 +47,6 @@ using namespace gradsync;
 
 namespace {
 
-dist::DDPSyncStrategy strategy_from(const std::string& text, bool find_unused) {
-  if (text.empty()) return dist::default_sync_strategy(find_unused);  // Composer's trainer default
-  if (text == "single" || text == "multi") return dist::parse_sync_strategy(text + "_auto_sync");
-  if (text == "forced") return dist::parse_sync_strategy("forced_sync");
-  return dist::parse_sync_strategy(text);
-}
-
 // PowerSGD's state for a checkpoint (every rank calls it: the error feedback is gathered).
 std::vector<io::NamedTensor> powersgd_tensors(const dist::PowerSGDState& state, comm::Communicator& comm) {
   std::vector<io::NamedTensor> tensors;
@@ -104,7 +97,7 @@ int main(int argc, char** argv) try {
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--microbatches");
   const bool find_unused = flags.flag("--find-unused");
   const double bucket_cap_mb = flags.number("--bucket-cap-mb", 0.0);  // 0: Composer's default (DDP's buckets)
-  const dist::DDPSyncStrategy strategy = strategy_from(flags.text("--sync-strategy", ""), find_unused);
+  const dist::DDPSyncStrategy strategy = examples::sync_strategy_from(flags.text("--sync-strategy", ""), find_unused);
   const bool divide_by_active = flags.flag("--divide-by-active");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));

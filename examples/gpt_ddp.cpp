@@ -13,21 +13,25 @@
 // One step, top to bottom: for each microbatch, the model's forward and backward (each
 // gradient accumulates and is marked ready, the last layer's first; on the last microbatch
 // DataParallel reduces the buckets while the backward goes on); then the global norm clipped,
-// the learning rate of the step set, AdamW's step. This first version trains in f32 on the CPU;
-// --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does; bf16, Join and
-// checkpoints with the optimizer state follow.
+// the learning rate of the step set, AdamW's step. On the CPU, in f32 or bf16 (f32 masters);
+// --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does; --sync-strategy picks
+// when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <numbers>
+#include <optional>
 #include <random>
+
+#include <sys/resource.h>
 
 #include "common/trainer_support.h"
 #include "gpt/gpt_model.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/dist/powersgd.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/io/registry_checkpoint.h"
@@ -74,7 +78,10 @@ int main(int argc, char** argv) try {
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
         "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n"
         "  --val val.bin (the validation loss at the end)   --sample N (N tokens generated at the end)\n"
-        "  --vocab FILE (one byte per token, in token order: samples print as text)\n");
+        "  --vocab FILE (one byte per token, in token order: samples print as text)\n"
+        "  --precision f32|bf16 (bf16: bf16 parameters and gradients, f32 arithmetic and master weights)\n"
+        "  --sync-strategy single|multi|forced|auto (across microbatches; Composer's)   --uneven (rank r stops\n"
+        "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n");
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -110,7 +117,11 @@ int main(int argc, char** argv) try {
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
+  const std::string precision = flags.text("--precision", "f32");
+  const dist::DDPSyncStrategy strategy = examples::sync_strategy_from(flags.text("--sync-strategy", ""), false);
+  const bool uneven = flags.flag("--uneven");
   flags.finish();
+  GRADSYNC_CHECK(precision == "f32" || precision == "bf16", "--precision ", precision, ": expected f32 or bf16");
   GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
   GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
@@ -122,7 +133,7 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(static_cast<std::int64_t>(data.size()) > length + 1, data_path, " holds ", data.size(),
                  " tokens, fewer than a sequence of ", length, " and its target");
   ParameterRegistry registry;
-  examples::Gpt model(registry, config);
+  examples::Gpt model(registry, config, precision == "bf16" ? DType::bf16 : DType::f32);
   registry.finalize();
   if (init.empty()) {
     model.initialize(static_cast<std::uint64_t>(seed));
@@ -136,7 +147,9 @@ int main(int argc, char** argv) try {
   optim::Adam::Options options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
   optim::Adam::Options no_decay_options = options;
   no_decay_options.weight_decay = 0.0;
-  optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}});
+  // bf16 parameters: AdamW updates an f32 master copy and rounds it into them after each step.
+  optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}},
+                         precision == "bf16" ? optim::MasterWeights::f32 : optim::MasterWeights::none);
   // A checkpoint (trainer_support's format: weights, AdamW's state, the step) is read whole on
   // every rank, before ZeRO shards the state.
   examples::Progress progress;
@@ -166,12 +179,21 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(comm->size()), static_cast<long long>(batch), static_cast<long long>(length));
   }
 
-  // 3. The steps.
+  // 3. The steps. With --uneven, rank r has data for fewer steps the higher it is; it then
+  // joins, and shadows the collectives of the others' steps until all have joined (the last
+  // to join then gives every rank its weights and AdamW's state).
   const std::int64_t world = comm->size();
+  const std::int64_t my_steps = uneven ? steps * (2 * world - comm->rank()) / (2 * world) : steps;
+  std::optional<dist::Join> join;
+  if (uneven && world > 1) {
+    std::vector<dist::Joinable*> participants{&ddp};
+    if (zero) participants.push_back(zero.get());
+    join.emplace(participants, dist::JoinOptions{}, &optimizer);
+  }
   const std::int64_t span = static_cast<std::int64_t>(data.size()) - length - 1;
   const std::int64_t micro = batch / microbatches;
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = progress.global_step; step < steps; ++step) {
+  for (std::int64_t step = progress.global_step; step < my_steps; ++step) {
     double step_loss = 0;
     for (std::int64_t m = 0; m < microbatches; ++m) {
       std::vector<std::int32_t> tokens, targets;
@@ -181,13 +203,14 @@ int main(int argc, char** argv) try {
         tokens.insert(tokens.end(), data.begin() + first, data.begin() + first + length);
         targets.insert(targets.end(), data.begin() + first + 1, data.begin() + first + 1 + length);
       }
-      // Every microbatch but the last accumulates locally; the last one's backward reduces.
-      std::optional<dist::DataParallel::NoSync> local;
-      if (m + 1 < microbatches) local.emplace(ddp);
+      // The strategy decides which microbatches' backwards reduce (SINGLE: the last one's,
+      // overlapped; MULTI: every one's; FORCED: all at once when the last one's context closes).
+      dist::DDPSyncContext sync(ddp, m + 1 == microbatches, strategy);
       ddp.begin_backward();
       step_loss += model.forward(tokens, targets, micro, length) / static_cast<double>(microbatches);
       model.backward(1.0 / static_cast<double>(microbatches));
       ddp.end_backward();
+      sync.close();
     }
     const double norm = clip_norm <= 0 ? std::nan("")
                         : zero      ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
@@ -197,15 +220,25 @@ int main(int argc, char** argv) try {
     optimizer.set_lr(1, rate);
     zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
-    Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
-    comm->allreduce_host(loss, comm::ReduceOp::avg);
-    step_loss = loss.to_double_vector()[0];
+    if (!join) {  // the mean over the ranks (a collective a joined rank would not shadow: local under --uneven)
+      Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
+      comm->allreduce_host(loss, comm::ReduceOp::avg);
+      step_loss = loss.to_double_vector()[0];
+    }
     metrics.step(step, 0, step_loss, norm);
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
                   static_cast<double>((step + 1 - progress.global_step) * batch * world * length) / seconds);
     }
+  }
+  if (join) {
+    const int last = join->join();
+    if (comm->rank() == 0 && !quiet) {
+      std::printf("uneven: rank 0 took %lld steps, rank %d (the last to join) %lld; every rank holds its weights\n",
+                  static_cast<long long>(my_steps), last, static_cast<long long>(steps * (2 * world - last) / (2 * world)));
+    }
+    join.reset();
   }
   // 4. The validation loss: the mean over up to 16 batches of the rank's sequences of val.bin,
   // averaged over the ranks (the same weights everywhere).
@@ -267,6 +300,16 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(powersgd->numel_before_compression()),
                 static_cast<double>(powersgd->numel_before_compression()) /
                     static_cast<double>(std::max<std::int64_t>(powersgd->numel_after_compression(), 1)));
+  }
+  // The memory each rank held at its peak (getrusage's maximum resident set), the largest of
+  // the ranks: what --zero 1|2 and --precision bf16 change.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  Tensor peak = Tensor::from_vector(std::vector<double>{static_cast<double>(usage.ru_maxrss) / 1024.0}, {1});
+  comm->allreduce_host(peak, comm::ReduceOp::max);
+  if (comm->rank() == 0 && !quiet) {
+    std::printf("peak RSS per rank: %.0f MiB (the largest of %lld ranks; parameters %.1f MiB)\n", peak.to_double_vector()[0],
+                static_cast<long long>(world), static_cast<double>(registry.total_numel() * dtype_size(registry.begin()->dtype())) / (1 << 20));
   }
   if (!save.empty()) {
     // The weights under nanoGPT's names (PyTorch loads them), AdamW's state (ZeRO's pieces

@@ -610,4 +610,11 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   return 0;
 }
 
+dist::DDPSyncStrategy sync_strategy_from(const std::string& text, bool find_unused) {
+  if (text.empty()) return dist::default_sync_strategy(find_unused);  // Composer's trainer default
+  if (text == "single" || text == "multi") return dist::parse_sync_strategy(text + "_auto_sync");
+  if (text == "forced") return dist::parse_sync_strategy("forced_sync");
+  return dist::parse_sync_strategy(text);
+}
+
 }  // namespace gradsync::examples

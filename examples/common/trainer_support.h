@@ -16,6 +16,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/comm/flight_recorder.h"
+#include "gradsync/dist/sync_strategy.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"
@@ -210,6 +211,10 @@ std::int64_t steps_this_epoch(const TrainerOptions& options, std::int64_t steps_
 int run_training(Training& training, const TrainerOptions& options, const std::string& name,
                  const std::function<double(const std::vector<std::int64_t>& order, std::int64_t first_row)>& step,
                  const UnevenInputs& uneven = {});
+
+// --sync-strategy: single | multi | forced | auto (or the full names); empty: Composer's trainer
+// default (MULTI with find_unused_parameters, else SINGLE).
+dist::DDPSyncStrategy sync_strategy_from(const std::string& text, bool find_unused);
 
 // Every rank holds bit-identical weights (an allgather of a checksum of the bits); throws
 // naming the first rank that differs.

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "gradsync/core/error.h"
+#include "gradsync/core/half.h"
 
 namespace gradsync::examples {
 
@@ -23,11 +24,6 @@ template <typename T>
 using View = Eigen::Map<Rows<T>>;
 template <typename T>
 using ConstView = Eigen::Map<const Rows<T>>;
-
-template <typename T>
-T* values(Parameter* p) { return p->value().data_as<T>(); }
-template <typename T>
-T* grads(Parameter* p) { return p->grad_for_accumulate().data_as<T>(); }
 
 // out[N, O] = in[N, I] W[O, I]^T + b[O]
 template <typename T>
@@ -128,8 +124,33 @@ struct Activations {
 
 }  // namespace
 
+// A parameter's values and gradient as the compute type T sees them: the parameter's own memory,
+// or with bf16 parameters the f32 copies of this step (compute_).
+template <typename T>
+T* Gpt::values(Parameter* p) {
+  if (dtype_ != DType::bf16) return p->value().data_as<T>();
+  return reinterpret_cast<T*>(compute_.at(p).values.data());
+}
+template <typename T>
+T* Gpt::grads(Parameter* p) {
+  if (dtype_ != DType::bf16) return p->grad_for_accumulate().data_as<T>();
+  return reinterpret_cast<T*>(compute_.at(p).grads.data());
+}
+
+// The gradient of `p` is complete: with bf16 parameters, this backward's f32 gradient is first
+// added into the bf16 gradient (rounded once per backward, as PyTorch's bf16 .grad is).
+void Gpt::ready(Parameter* p) {
+  if (dtype_ == DType::bf16) {
+    const std::vector<float>& computed = compute_.at(p).grads;
+    auto* bits = static_cast<std::uint16_t*>(p->grad_for_accumulate().data());
+    for (std::size_t i = 0; i < computed.size(); ++i) bits[i] = float_to_bf16_bits(bf16_bits_to_float(bits[i]) + computed[i]);
+  }
+  registry_.mark_ready(*p);
+}
+
 Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_(registry), config_(config), dtype_(dtype) {
-  GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64, "Gpt: f32 or f64 parameters, got ", dtype_name(dtype));
+  GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16, "Gpt: f32, f64 or bf16 parameters, got ",
+                 dtype_name(dtype));
   GRADSYNC_CHECK(config.embd % config.heads == 0, "Gpt: embd ", config.embd, " must divide into ", config.heads, " heads");
   const std::int64_t c = config.embd;
   const auto add = [&](const std::string& name, const Shape& shape) { return &registry.add(name, shape, dtype); };
@@ -185,7 +206,17 @@ double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<s
   length_ = length;
   tokens_ = tokens;
   targets_ = targets;
-  return dtype_ == DType::f32 ? forward_as<float>(tokens, targets) : forward_as<double>(tokens, targets);
+  if (dtype_ == DType::bf16) {
+    // bf16 parameters, f32 arithmetic: every weight widened once per forward (the engine's
+    // autocast), kept for the backward.
+    for (Parameter& p : registry_) {
+      std::vector<float>& values = compute_[&p].values;
+      values.resize(static_cast<std::size_t>(p.numel()));
+      const auto* bits = static_cast<const std::uint16_t*>(p.value().data());
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = bf16_bits_to_float(bits[i]);
+    }
+  }
+  return dtype_ == DType::f64 ? forward_as<double>(tokens, targets) : forward_as<float>(tokens, targets);
 }
 
 std::vector<double> Gpt::probabilities(std::int64_t row) const {
@@ -193,13 +224,16 @@ std::vector<double> Gpt::probabilities(std::int64_t row) const {
   const auto read = [&](const auto& probs) {
     return std::vector<double>(probs.begin() + row * config_.vocab, probs.begin() + (row + 1) * config_.vocab);
   };
-  return dtype_ == DType::f32 ? read(static_cast<const Activations<float>*>(saved_.get())->probs)
-                              : read(static_cast<const Activations<double>*>(saved_.get())->probs);
+  return dtype_ == DType::f64 ? read(static_cast<const Activations<double>*>(saved_.get())->probs)
+                              : read(static_cast<const Activations<float>*>(saved_.get())->probs);
 }
 
 void Gpt::backward(double loss_scale) {
   GRADSYNC_CHECK(saved_ != nullptr, "Gpt::backward: no forward to go back through");
-  dtype_ == DType::f32 ? backward_as<float>(loss_scale) : backward_as<double>(loss_scale);
+  if (dtype_ == DType::bf16) {
+    for (Parameter& p : registry_) compute_.at(&p).grads.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+  }
+  dtype_ == DType::f64 ? backward_as<double>(loss_scale) : backward_as<float>(loss_scale);
 }
 
 template <typename T>
@@ -309,8 +343,8 @@ void Gpt::backward_as(double loss_scale) {
   linear_backward<T>(dln.data(), dwte, nullptr, dlogits.data(), act.ln_f.data(), values<T>(wte_), N, C, V);
   layernorm_backward(dx.data(), grads<T>(ln_f_w_), grads<T>(ln_f_b_), dln.data(), act.x_final.data(), values<T>(ln_f_w_),
                      act.ln_f_mean.data(), act.ln_f_rstd.data(), N, C);
-  registry_.mark_ready(*ln_f_w_);
-  registry_.mark_ready(*ln_f_b_);
+  ready(ln_f_w_);
+  ready(ln_f_b_);
 
   const T scale = 1 / std::sqrt(static_cast<T>(hs));
   for (std::int64_t l = config_.layers - 1; l >= 0; --l) {
@@ -320,24 +354,24 @@ void Gpt::backward_as(double loss_scale) {
     std::vector<T> dfc(static_cast<std::size_t>(N * 4 * C), 0);
     linear_backward(dfc.data(), grads<T>(layer.fc_proj_w), grads<T>(layer.fc_proj_b), dx.data(), a.fc_gelu.data(),
                     values<T>(layer.fc_proj_w), N, 4 * C, C);
-    registry_.mark_ready(*layer.fc_proj_w);
-    registry_.mark_ready(*layer.fc_proj_b);
+    ready(layer.fc_proj_w);
+    ready(layer.fc_proj_b);
     for (std::size_t i = 0; i < dfc.size(); ++i) dfc[i] *= gelu_derivative(a.fc[i], config_.gelu_tanh);
     std::fill(dln.begin(), dln.end(), 0);
     linear_backward(dln.data(), grads<T>(layer.fc_w), grads<T>(layer.fc_b), dfc.data(), a.ln_2.data(), values<T>(layer.fc_w),
                     N, C, 4 * C);
-    registry_.mark_ready(*layer.fc_w);
-    registry_.mark_ready(*layer.fc_b);
+    ready(layer.fc_w);
+    ready(layer.fc_b);
     layernorm_backward(dx.data(), grads<T>(layer.ln_2_w), grads<T>(layer.ln_2_b), dln.data(), a.x_1.data(),
                        values<T>(layer.ln_2_w), a.ln_2_mean.data(), a.ln_2_rstd.data(), N, C);
-    registry_.mark_ready(*layer.ln_2_w);
-    registry_.mark_ready(*layer.ln_2_b);
+    ready(layer.ln_2_w);
+    ready(layer.ln_2_b);
     // x_1 = input + proj(attention(ln_1(input))).
     std::vector<T> dy(static_cast<std::size_t>(N * C), 0);
     linear_backward(dy.data(), grads<T>(layer.proj_w), grads<T>(layer.proj_b), dx.data(), a.y.data(), values<T>(layer.proj_w),
                     N, C, C);
-    registry_.mark_ready(*layer.proj_w);
-    registry_.mark_ready(*layer.proj_b);
+    ready(layer.proj_w);
+    ready(layer.proj_b);
     std::vector<T> dqkv(static_cast<std::size_t>(N * 3 * C), 0);
     std::vector<T> datt(static_cast<std::size_t>(L));
     for (std::int64_t b = 0; b < B; ++b) {
@@ -376,12 +410,12 @@ void Gpt::backward_as(double loss_scale) {
     std::fill(dln.begin(), dln.end(), 0);
     linear_backward(dln.data(), grads<T>(layer.attn_w), grads<T>(layer.attn_b), dqkv.data(), a.ln_1.data(),
                     values<T>(layer.attn_w), N, C, 3 * C);
-    registry_.mark_ready(*layer.attn_w);
-    registry_.mark_ready(*layer.attn_b);
+    ready(layer.attn_w);
+    ready(layer.attn_b);
     layernorm_backward(dx.data(), grads<T>(layer.ln_1_w), grads<T>(layer.ln_1_b), dln.data(), a.input.data(),
                        values<T>(layer.ln_1_w), a.ln_1_mean.data(), a.ln_1_rstd.data(), N, C);
-    registry_.mark_ready(*layer.ln_1_w);
-    registry_.mark_ready(*layer.ln_1_b);
+    ready(layer.ln_1_w);
+    ready(layer.ln_1_b);
   }
   // The embeddings: each token's row and each position's row gather their positions' gradients.
   T* dwpe = grads<T>(wpe_);
@@ -392,8 +426,8 @@ void Gpt::backward_as(double loss_scale) {
       dwpe[(n % L) * C + j] += g;
     }
   }
-  registry_.mark_ready(*wpe_);
-  registry_.mark_ready(*wte_);
+  ready(wpe_);
+  ready(wte_);
   saved_.reset();
 }
 

@@ -9,10 +9,13 @@
 //   (the lm_head is tied to transformer.wte.weight: one tensor, two uses).
 //
 // Biases everywhere, no dropout. GELU with the tanh approximation (GPT-2, llm.c) by default, or
-// the exact erf form (nanoGPT's nn.GELU()). f32 for training, f64 for the gradient check.
+// the exact erf form (nanoGPT's nn.GELU()). f32 for training, f64 for the gradient check, bf16
+// for mixed precision: bf16 parameters and gradients (what gradsync reduces and the optimizer
+// reads, with f32 master weights there), f32 arithmetic on widened copies of the weights.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,7 +35,8 @@ struct GptConfig {
 
 class Gpt {
  public:
-  // Registers every parameter under nanoGPT's name, in nanoGPT's order, in `dtype` (f32 or f64).
+  // Registers every parameter under nanoGPT's name, in nanoGPT's order, in `dtype` (f32, f64 or
+  // bf16).
   Gpt(ParameterRegistry& registry, GptConfig config, DType dtype = DType::f32);
 
   const GptConfig& config() const { return config_; }
@@ -64,6 +68,11 @@ class Gpt {
   double forward_as(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets);
   template <typename T>
   void backward_as(double loss_scale);
+  template <typename T>
+  T* values(Parameter* p);
+  template <typename T>
+  T* grads(Parameter* p);
+  void ready(Parameter* p);
 
   ParameterRegistry& registry_;
   GptConfig config_;
@@ -79,6 +88,12 @@ class Gpt {
   std::int64_t length_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
   std::shared_ptr<void> saved_;
+  // bf16 only: each parameter's f32 values for this step and its f32 gradient of this backward.
+  struct Compute {
+    std::vector<float> values;
+    std::vector<float> grads;
+  };
+  std::map<const Parameter*, Compute> compute_;
 };
 
 }  // namespace gradsync::examples

@@ -52,13 +52,23 @@ struct ZeroOptimizer::Impl {
   static constexpr double kStatistics = 1, kStep = 2;
   bool shadowing = false;  // this rank is a joined rank in a shadow step
 
-  std::array<double, 3> control(double kind, double unscale, double clip) {
+  // One small allreduce (max) before each statistics pass or step under Join: the kind, the
+  // deferred unscale and clip factors, then each group's learning rate. A joined rank sends
+  // zeros and takes the active ranks' values, so its pieces step with their learning rate (a
+  // schedule its own loop no longer sets).
+  struct Control {
+    double kind, unscale, clip;
+    std::vector<double> lrs;
+  };
+  Control control(double kind, double unscale, double clip) {
     static const auto kLabel = std::make_shared<const std::string>("ZeRO control (statistics or step)");
     const comm::OperationLabel label(kLabel);
-    Tensor words = Tensor::from_vector(std::vector<double>{kind, unscale, clip}, {3});
-    comm.allreduce_host(words, comm::ReduceOp::max);
-    const std::vector<double> v = words.to_double_vector();
-    return {v[0], v[1], v[2]};
+    std::vector<double> words{kind, unscale, clip};
+    for (std::size_t g = 0; g < optimizer.group_count(); ++g) words.push_back(kind == 0 ? 0.0 : optimizer.lr(g));
+    Tensor tensor = Tensor::from_vector(words, {static_cast<std::int64_t>(words.size())});
+    comm.allreduce_host(tensor, comm::ReduceOp::max);
+    const std::vector<double> v = tensor.to_double_vector();
+    return {v[0], v[1], v[2], std::vector<double>(v.begin() + 3, v.end())};
   }
 
   bool announces() const {
@@ -84,13 +94,14 @@ struct ZeroOptimizer::Impl {
       ~Reset() { flag = false; }
     } reset{shadowing};
     for (;;) {
-      const auto [kind, unscale, clip] = control(0, 0, 0);
+      const auto [kind, unscale, clip, lrs] = control(0, 0, 0);
       if (kind == kStatistics) {
         if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
         (void)optimizer.gradient_statistics();  // combine() takes part in the sums
       } else if (kind == kStep) {
         if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
         if (clip != 1.0) optimizer.defer_gradient_clip(clip);
+        for (std::size_t g = 0; g < lrs.size(); ++g) optimizer.set_lr(g, lrs[g]);
         optimizer.step();
         launch_gathers();
         wait_all();

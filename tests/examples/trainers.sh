@@ -89,9 +89,9 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
     resume_matches digits_ddp 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
-  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2), against PyTorch's
-         # (tests/reference/generate_gpt_fixtures.py): each step's loss within 1e-5 relative, the
-         # final weights within 1e-5
+  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2; the sync strategies
+         # over two microbatches), against PyTorch's (tests/reference/generate_gpt_fixtures.py):
+         # each step's loss within 1e-5 relative, the final weights within 1e-4; bf16; uneven
     fixtures=$source/tests/fixtures
     args=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 --length 8
           --init "$fixtures/gpt_init.safetensors" --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
@@ -104,12 +104,41 @@ PY
       "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --zero $stage \
         --metrics "$scratch/zero$stage.jsonl" --save "$scratch/zero$stage.safetensors"
     done
-    for run in one two zero1 zero2; do
-      sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$run.jsonl" | paste - "$fixtures/gpt_train_losses.txt" |
-        awk -v run=$run '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
-                         END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
+    for strategy in multi forced auto; do  # two microbatches of one sequence: the same mean gradient
+      "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --microbatches 2 \
+        --sync-strategy $strategy --metrics "$scratch/$strategy.jsonl" --save "$scratch/$strategy.safetensors"
+    done
+    # losses_match RUN LOSSES BOUND: each of RUN's 20 logged losses within BOUND (relative) of LOSSES'.
+    losses_match() {
+      sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$1.jsonl" | paste - "$2" |
+        awk -v run=$1 -v bound=$3 '{ d = $1 - $2; if (d < 0) d = -d; if (d > bound * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
+                                   END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
+    }
+    for run in one two zero1 zero2 multi forced auto; do
+      losses_match $run "$fixtures/gpt_train_losses.txt" 1e-5
       "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
     done
+    # bf16 parameters and gradients, f32 arithmetic and master weights, against PyTorch doing the
+    # same (generate_gpt_fixtures.py, training_bf16). One rank: losses within 1e-5 (measured
+    # 2.4e-7) and the bf16 weights within one bf16 ulp at 1.0 (measured: equal). Two ranks round
+    # their half-batch gradients to bf16 before averaging where PyTorch's one rank rounds the
+    # whole batch's once: losses within 1e-4 (measured 3e-5), weights within one bf16 ulp at the
+    # LayerNorm weights' magnitude of 1, 2^-8 (measured: one ulp, in one LayerNorm weight).
+    "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 4 --backend gloo --precision bf16 --metrics "$scratch/bf16_one.jsonl" \
+      --save "$scratch/bf16_one.safetensors"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --precision bf16 \
+      --metrics "$scratch/bf16_two.jsonl" --save "$scratch/bf16_two.safetensors"
+    losses_match bf16_one "$fixtures/gpt_train_losses_bf16.txt" 1e-5
+    losses_match bf16_two "$fixtures/gpt_train_losses_bf16.txt" 1e-4
+    for run in bf16_one bf16_two; do "$compare" "$fixtures/gpt_final_bf16.safetensors" "$scratch/$run.safetensors" 0.0040; done
+    # Uneven inputs through Join: rank 1 stops after 15 of 20 steps and shadows rank 0's; ZeRO's
+    # joined rank steps its pieces with rank 0's learning rate (the schedule it no longer runs),
+    # so the three runs end with the same weights.
+    for stage in 0 1 2; do
+      "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --uneven --zero $stage \
+        --save "$scratch/uneven$stage.safetensors"
+    done
+    for stage in 1 2; do "$compare" "$scratch/uneven0.safetensors" "$scratch/uneven$stage.safetensors" 1e-6; done
     # The end of a run: the validation loss over the ranks, and a sample of 20 tokens.
     "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --val "$fixtures/gpt_train.bin" --sample 20 \
       >"$scratch/end.txt"
@@ -117,7 +146,8 @@ PY
     [[ $(sed -n '/^sample:$/{n;p}' "$scratch/end.txt" | wc -w) == 20 ]]
     # Interrupted at step 7 and resumed (weights, AdamW's state, the step; ZeRO 1's consolidated).
     resume_matches gpt_ddp 7 20 "${args[@]}" --batch 2 --zero 1
-    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2 included; a resumed run is byte for byte" ;;
+    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2, every sync strategy and bf16 included;" \
+      "uneven runs end alike under ZeRO 0-2; a resumed run is byte for byte" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \

@@ -66,7 +66,8 @@ TEST(Join, AutoDecidesWhileARankIsJoined) {
 
 // ZeRO as a joinable: a joined rank keeps stepping its pieces (they are nobody else's) and
 // takes part in the gathers and in the clipping norm, under every strategy that applies (stage 2
-// refuses MULTI), and with clipping and division by the active ranks.
+// refuses MULTI), with clipping and division by the active ranks, and with a learning rate that
+// changes every step (the joined ranks step their pieces with the active ranks' rate).
 using ZeroJoinParameters = std::tuple<int, int, std::string>;
 class ZeroJoin : public ::testing::TestWithParam<ZeroJoinParameters> {};
 
@@ -74,7 +75,8 @@ std::vector<ZeroJoinParameters> zero_join_cases() {
   std::vector<ZeroJoinParameters> cases;
   for (const int world : {2, 3, 4}) {
     for (const int stage : {1, 2}) {
-      for (const std::string variant : {"single_auto_sync", "multi_auto_sync", "forced_sync", "auto", "clip_by_active"}) {
+      for (const std::string variant :
+           {"single_auto_sync", "multi_auto_sync", "forced_sync", "auto", "clip_by_active", "lr_schedule"}) {
         if (stage == 2 && variant == "multi_auto_sync") continue;  // refused (ZeroErrors)
         cases.emplace_back(world, stage, variant);
       }
@@ -93,6 +95,8 @@ TEST_P(ZeroJoin, KeepsSteppingOnJoinedRanks) {
   comm::run_gloo_thread_group(world, [&](Communicator& comm) {
     if (variant == "clip_by_active") {
       testing::uneven_data_parallel(comm, {.divide_by_initial_world_size = false, .zero_stage = stage, .clip = 0.5});
+    } else if (variant == "lr_schedule") {
+      testing::uneven_data_parallel(comm, {.optimizer = "adam", .zero_stage = stage, .lr_schedule = true});
     } else {
       testing::uneven_data_parallel(comm, {.optimizer = "adam", .strategy = dist::parse_sync_strategy(variant),
                                            .find_unused_parameters = stage == 1, .zero_stage = stage});

@@ -130,6 +130,23 @@ def get_lr(step):  # nanoGPT's
     return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
 
 
+def adamw(parameters):
+    """nanoGPT's AdamW groups: weight decay on the matrices only."""
+    parameters = list(parameters)
+    return torch.optim.AdamW([{"params": [p for p in parameters if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+                              {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=LR, betas=(0.9, 0.95), eps=EPS)
+
+
+def batch_at(data, step, optimizer):
+    """Step `step`'s learning rate set, and its global batch (gpt_ddp's deterministic rule)."""
+    for group in optimizer.param_groups:
+        group["lr"] = get_lr(step)
+    span = len(data) - LENGTH - 1
+    starts = [((step * GLOBAL_BATCH + i) * LENGTH) % span for i in range(GLOBAL_BATCH)]
+    return torch.stack([data[s:s + LENGTH] for s in starts]), torch.stack([data[s + 1:s + 1 + LENGTH] for s in starts])
+
+
 def training():
     data = corpus()
     data.to(torch.int32).numpy().astype("<u2").tofile(os.path.join(FIXTURES, "gpt_train.bin"))
@@ -137,19 +154,10 @@ def training():
     model = GPT("tanh")
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
               os.path.join(FIXTURES, "gpt_init.safetensors"))
-    params = dict(model.named_parameters())
-    decay = [p for p in params.values() if p.dim() >= 2]
-    no_decay = [p for p in params.values() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.95), eps=EPS)
-    span = len(data) - LENGTH - 1
+    optimizer = adamw(model.parameters())
     losses = []
     for step in range(TRAIN_STEPS):
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(step)
-        starts = [((step * GLOBAL_BATCH + i) * LENGTH) % span for i in range(GLOBAL_BATCH)]
-        x = torch.stack([data[s:s + LENGTH] for s in starts])
-        y = torch.stack([data[s + 1:s + 1 + LENGTH] for s in starts])
+        x, y = batch_at(data, step, optimizer)
         loss = model(x, y)  # the mean over every token: the average of the ranks' means
         optimizer.zero_grad()
         loss.backward()
@@ -161,6 +169,42 @@ def training():
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
               os.path.join(FIXTURES, "gpt_final.safetensors"))
     print("training losses:", " ".join(f"{value:.4f}" for value in losses))
+
+
+def training_bf16():
+    """The same 20 steps with --precision bf16, as gpt_ddp takes them: bf16 parameters; each
+    step widens them to f32 and computes in f32; each gradient is rounded to bf16 once (the bf16
+    .grad); the clipping coefficient comes from the bf16 gradients' norm and multiplies their f32
+    values; AdamW updates an f32 master copy (made from the bf16 initial weights), which is then
+    rounded to the bf16 parameters (round to nearest even). Writes gpt_train_losses_bf16.txt and
+    gpt_final_bf16.safetensors (the bf16 parameters)."""
+    data = corpus()
+    torch.manual_seed(1337)
+    compute = GPT("tanh")  # the f32 arithmetic; its weights are set from the bf16 parameters
+    master = {n: p.detach().to(torch.bfloat16).float().clone().requires_grad_(True)
+              for n, p in compute.named_parameters()}
+    optimizer = adamw(master.values())
+    losses = []
+    for step in range(TRAIN_STEPS):
+        x, y = batch_at(data, step, optimizer)
+        with torch.no_grad():
+            for n, p in compute.named_parameters():
+                p.copy_(master[n].to(torch.bfloat16).float())
+        compute.zero_grad()
+        loss = compute(x, y)
+        loss.backward()
+        grads = {n: p.grad.to(torch.bfloat16).float() for n, p in compute.named_parameters()}
+        total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))
+        coef = min(CLIP / (float(total) + 1e-6), 1.0)
+        for n, p in master.items():
+            p.grad = grads[n] * torch.tensor(coef, dtype=torch.float32)
+        optimizer.step()
+        losses.append(loss.item())
+    with open(os.path.join(FIXTURES, "gpt_train_losses_bf16.txt"), "w") as out:
+        out.write("".join(f"{value:.9g}\n" for value in losses))
+    save_file({n: p.detach().to(torch.bfloat16).contiguous() for n, p in master.items() if n != "lm_head.weight"},
+              os.path.join(FIXTURES, "gpt_final_bf16.safetensors"))
+    print("bf16 training losses:", " ".join(f"{value:.4f}" for value in losses))
 
 
 def main():
@@ -190,6 +234,7 @@ def main():
     save_file(tensors, OUT, metadata={"torch": torch.__version__, "config": f"{VOCAB} {BLOCK} {LAYERS} {HEADS} {EMBD}"})
     print(f"wrote {OUT}: {len(tensors)} tensors")
     training()
+    training_bf16()
 
 
 if __name__ == "__main__":

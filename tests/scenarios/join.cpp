@@ -59,6 +59,10 @@ void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
                           .shard_gradients = c.zero_stage == 2});
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (c.zero_stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*optimizer, ddp, dist::ZeroOptions{.stage = c.zero_stage});
+  const double base_lr = optimizer->lr(0);
+  const auto schedule = [&](optim::Optimizer& o, int step) {
+    if (c.lr_schedule) o.set_lr(0, base_lr * static_cast<double>(step + 1) / 4.0);
+  };
 
   for (int epoch = 0; epoch < c.epochs; ++epoch) {
     std::vector<int> counts;
@@ -77,6 +81,7 @@ void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
         context.close();
       }
       if (c.clip > 0) zero ? zero->clip_grad_norm(c.clip) : optim::clip_grad_norm(*optimizer, c.clip);
+      schedule(*optimizer, step);
       zero ? zero->step() : optimizer->step();
       optimizer->zero_grad();
     }
@@ -100,6 +105,7 @@ void uneven_data_parallel(comm::Communicator& comm, const UnevenCase& c) {
       ops::scale(single.w->grad_for_accumulate(), 1.0 / divisor);
       if (bias_used) ops::scale(single.b->grad_for_accumulate(), 1.0 / divisor);
       if (c.clip > 0) optim::clip_grad_norm(*reference, c.clip);
+      schedule(*reference, step);
       reference->step();
       reference->zero_grad();
     }

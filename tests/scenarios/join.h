@@ -26,6 +26,9 @@ struct UnevenCase {
   double tolerance = 2e-5;  // f32 sums in another order; fp16 compression needs more
   int zero_stage = 0;       // ZeRO (dist/zero.h): joined ranks keep stepping their pieces
   double clip = 0;          // clip to this global norm before each step (0: off)
+  // A learning rate that changes every step (as a warmup does), set by the active ranks only:
+  // joined ranks that step their ZeRO pieces must step with the active ranks' rate.
+  bool lr_schedule = false;
   Device device = Device::cpu();  // where the model lives (devices.h runs cuda too)
 
   int count(int rank, int epoch, int world) const {
@@ -35,7 +38,7 @@ struct UnevenCase {
     return optimizer + " " + dist::sync_strategy_name(strategy) + " x" + std::to_string(microbatches) +
            (divide_by_initial_world_size ? " /initial" : " /active") + (find_unused_parameters ? " unused" : "") +
            " " + dist::compression_name(compression) + (zero_stage ? " zero " + std::to_string(zero_stage) : "") +
-           (clip > 0 ? " clip" : "") + " on " + device.str();
+           (clip > 0 ? " clip" : "") + (lr_schedule ? " lr schedule" : "") + " on " + device.str();
   }
 };
 
