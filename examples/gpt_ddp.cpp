@@ -193,8 +193,14 @@ int main(int argc, char** argv) try {
   const std::int64_t span = static_cast<std::int64_t>(data.size()) - length - 1;
   const std::int64_t micro = batch / microbatches;
   const auto start = std::chrono::steady_clock::now();
+  // Where the time goes, per step: waiting for the gradient synchronization (what the backward
+  // did not hide: end_backward and the strategy's close) and the optimizer (clipping, the step).
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  double total_seconds = 0, total_sync = 0, total_optimizer = 0;
   for (std::int64_t step = progress.global_step; step < my_steps; ++step) {
-    double step_loss = 0;
+    const Clock::time_point step_start = Clock::now();
+    double step_loss = 0, sync_seconds = 0;
     for (std::int64_t m = 0; m < microbatches; ++m) {
       std::vector<std::int32_t> tokens, targets;
       for (std::int64_t k = 0; k < micro; ++k) {
@@ -209,9 +215,12 @@ int main(int argc, char** argv) try {
       ddp.begin_backward();
       step_loss += model.forward(tokens, targets, micro, length) / static_cast<double>(microbatches);
       model.backward(1.0 / static_cast<double>(microbatches));
+      const Clock::time_point wait_start = Clock::now();
       ddp.end_backward();
       sync.close();
+      sync_seconds += since(wait_start);
     }
+    const Clock::time_point optimizer_start = Clock::now();
     const double norm = clip_norm <= 0 ? std::nan("")
                         : zero      ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
                                     : optim::clip_grad_norm(optimizer, clip_norm);
@@ -220,16 +229,27 @@ int main(int argc, char** argv) try {
     optimizer.set_lr(1, rate);
     zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
+    const double optimizer_seconds = since(optimizer_start);
+    const double step_seconds = since(step_start);
+    total_seconds += step_seconds;
+    total_sync += sync_seconds;
+    total_optimizer += optimizer_seconds;
     if (!join) {  // the mean over the ranks (a collective a joined rank would not shadow: local under --uneven)
       Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
       comm->allreduce_host(loss, comm::ReduceOp::avg);
       step_loss = loss.to_double_vector()[0];
     }
-    metrics.step(step, 0, step_loss, norm);
+    const double tokens = static_cast<double>(batch * world * length);
+    metrics.step(step, 0, step_loss, norm,
+                 {{"tokens_per_s", tokens / step_seconds},
+                  {"sync_share", sync_seconds / step_seconds},
+                  {"optimizer_share", optimizer_seconds / step_seconds}});
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s\n", static_cast<long long>(step), step_loss, rate,
-                  static_cast<double>((step + 1 - progress.global_step) * batch * world * length) / seconds);
+      const double seconds = since(start);
+      std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s  (of the step so far: sync wait %.1f%%, optimizer %.1f%%)\n",
+                  static_cast<long long>(step), step_loss, rate,
+                  static_cast<double>(step + 1 - progress.global_step) * tokens / seconds, 100 * total_sync / total_seconds,
+                  100 * total_optimizer / total_seconds);
     }
   }
   if (join) {

@@ -290,10 +290,12 @@ Metrics::~Metrics() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm) {
+void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
+                   const std::vector<std::pair<const char*, double>>& extra) {
   if (file_ == nullptr) return;
   std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f", static_cast<long long>(step), epoch, loss);
   if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
+  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.6g", name, value);
   std::fprintf(file_, "}\n");
   std::fflush(file_);
 }

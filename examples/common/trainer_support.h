@@ -124,7 +124,8 @@ class Metrics {
   Metrics(const std::string& path, bool writer);
   ~Metrics();
   // grad_norm: the total gradient norm before clipping, written when it is a number.
-  void step(std::int64_t step, int epoch, double loss, double grad_norm);
+  void step(std::int64_t step, int epoch, double loss, double grad_norm,
+            const std::vector<std::pair<const char*, double>>& extra = {});  // more "name": value fields
   void epoch(std::int64_t step, int epoch, double loss, double accuracy);
   void stragglers(std::int64_t step, const comm::StragglerReport& report);
 
