@@ -14,6 +14,10 @@
 #include "gradsync/core/error.h"
 #include "gradsync/core/half.h"
 
+#ifdef GPT_WITH_OPENBLAS
+extern "C" void openblas_set_num_threads(int threads);
+#endif
+
 namespace gradsync::examples {
 
 namespace {
@@ -24,6 +28,11 @@ template <typename T>
 using View = Eigen::Map<Rows<T>>;
 template <typename T>
 using ConstView = Eigen::Map<const Rows<T>>;
+// A block of columns of a wider row-major matrix (one head's q, k or v inside qkv).
+template <typename T>
+using Columns = Eigen::Map<const Rows<T>, 0, Eigen::OuterStride<>>;
+template <typename T>
+using MutableColumns = Eigen::Map<Rows<T>, 0, Eigen::OuterStride<>>;
 
 // out[N, O] = in[N, I] W[O, I]^T + b[O]
 template <typename T>
@@ -87,27 +96,40 @@ void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T*
   }
 }
 
+// GELU over n values, out = gelu(x), and its derivative multiplied into g (g *= gelu'(x)). The
+// tanh form goes through Eigen's arrays, whose tanh is vectorized (a rational approximation
+// within a few ulp, as PyTorch's own vectorized tanh); erf stays libm's.
 template <typename T>
-T gelu(T x, bool tanh_form) {
+using Values = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <typename T>
+using ConstValues = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+template <typename T>
+void gelu(T* out, const T* in, std::int64_t n, bool tanh_form) {
+  const ConstValues<T> x(in, n);
   if (tanh_form) {
     const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
-    return static_cast<T>(0.5) * x * (1 + std::tanh(k * (x + static_cast<T>(0.044715) * x * x * x)));
+    Values<T>(out, n) = static_cast<T>(0.5) * x * (1 + (k * (x + static_cast<T>(0.044715) * x * x * x)).tanh());
+    return;
   }
-  return static_cast<T>(0.5) * x * (1 + std::erf(x / std::sqrt(static_cast<T>(2))));
+  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(0.5) * in[i] * (1 + std::erf(in[i] / std::sqrt(static_cast<T>(2))));
 }
 
 template <typename T>
-T gelu_derivative(T x, bool tanh_form) {
+void gelu_backward(T* g, const T* in, std::int64_t n, bool tanh_form) {
+  const ConstValues<T> x(in, n);
   if (tanh_form) {
     const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
-    const T inner = k * (x + static_cast<T>(0.044715) * x * x * x);
-    const T t = std::tanh(inner);
-    const T sech2 = 1 - t * t;
-    return static_cast<T>(0.5) * (1 + t) + static_cast<T>(0.5) * x * sech2 * k * (1 + 3 * static_cast<T>(0.044715) * x * x);
+    const Eigen::Array<T, Eigen::Dynamic, 1> t = (k * (x + static_cast<T>(0.044715) * x * x * x)).tanh();
+    Values<T>(g, n) *= static_cast<T>(0.5) * (1 + t) +
+                       static_cast<T>(0.5) * x * (1 - t * t) * k * (1 + 3 * static_cast<T>(0.044715) * x * x);
+    return;
   }
-  const T cdf = static_cast<T>(0.5) * (1 + std::erf(x / std::sqrt(static_cast<T>(2))));
-  const T pdf = std::exp(-x * x / 2) / std::sqrt(2 * std::numbers::pi_v<T>);
-  return cdf + x * pdf;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T cdf = static_cast<T>(0.5) * (1 + std::erf(in[i] / std::sqrt(static_cast<T>(2))));
+    const T pdf = std::exp(-in[i] * in[i] / 2) / std::sqrt(2 * std::numbers::pi_v<T>);
+    g[i] *= cdf + in[i] * pdf;
+  }
 }
 
 // What one block keeps for its backward.
@@ -149,6 +171,11 @@ void Gpt::ready(Parameter* p) {
 }
 
 Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_(registry), config_(config), dtype_(dtype) {
+#ifdef GPT_WITH_OPENBLAS
+  // One thread per rank, as the rest of the model (and the benchmark's PyTorch) runs: OpenBLAS
+  // would otherwise start a thread per core in every rank.
+  openblas_set_num_threads(1);
+#endif
   GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16, "Gpt: f32, f64 or bf16 parameters, got ",
                  dtype_name(dtype));
   GRADSYNC_CHECK(config.embd % config.heads == 0, "Gpt: embd ", config.embd, " must divide into ", config.heads, " heads");
@@ -258,31 +285,29 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
     layernorm(a.ln_1.data(), a.ln_1_mean.data(), a.ln_1_rstd.data(), x.data(), values<T>(layer.ln_1_w), values<T>(layer.ln_1_b), N, C);
     a.qkv.resize(static_cast<std::size_t>(N * 3 * C));
     linear(a.qkv.data(), a.ln_1.data(), values<T>(layer.attn_w), values<T>(layer.attn_b), N, C, 3 * C);
-    // Causal self-attention, head by head: softmax(q k^T / sqrt(hs)) over positions <= t, times v.
+    // Causal self-attention, head by head, as products: the scores q k^T / sqrt(hs) (L x L), each
+    // row t's softmax over the positions u <= t (the others 0), then y = att v. q, k and v are
+    // column blocks of qkv (rows 3C apart), y a column block of a.y (rows C apart).
     a.att.assign(static_cast<std::size_t>(B * NH * L * L), 0);
     a.y.assign(static_cast<std::size_t>(N * C), 0);
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < NH; ++h) {
+        const T* head = &a.qkv[static_cast<std::size_t>(b * L * 3 * C + h * hs)];
+        const Columns<T> q(head, L, hs, Eigen::OuterStride<>(3 * C));
+        const Columns<T> k(head + C, L, hs, Eigen::OuterStride<>(3 * C));
+        const Columns<T> v(head + 2 * C, L, hs, Eigen::OuterStride<>(3 * C));
+        View<T> att(&a.att[static_cast<std::size_t>((b * NH + h) * L * L)], L, L);
+        att.noalias() = scale * (q * k.transpose());
         for (std::int64_t t = 0; t < L; ++t) {
-          const T* q = &a.qkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
-          T* att = &a.att[static_cast<std::size_t>(((b * NH + h) * L + t) * L)];
-          T largest = -std::numeric_limits<T>::infinity();
-          for (std::int64_t u = 0; u <= t; ++u) {
-            const T* k = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
-            T dot = 0;
-            for (std::int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
-            att[u] = dot * scale;
-            largest = std::max(largest, att[u]);
-          }
+          T* row = &att(t, 0);
+          const T largest = *std::max_element(row, row + t + 1);
           T sum = 0;
-          for (std::int64_t u = 0; u <= t; ++u) sum += (att[u] = std::exp(att[u] - largest));
-          for (std::int64_t u = 0; u <= t; ++u) att[u] /= sum;
-          T* y = &a.y[static_cast<std::size_t>((b * L + t) * C + h * hs)];
-          for (std::int64_t u = 0; u <= t; ++u) {
-            const T* v = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
-            for (std::int64_t d = 0; d < hs; ++d) y[d] += att[u] * v[d];
-          }
+          for (std::int64_t u = 0; u <= t; ++u) sum += (row[u] = std::exp(row[u] - largest));
+          for (std::int64_t u = 0; u <= t; ++u) row[u] /= sum;
+          std::fill(row + t + 1, row + L, T(0));
         }
+        MutableColumns<T>(&a.y[static_cast<std::size_t>(b * L * C + h * hs)], L, hs, Eigen::OuterStride<>(C)).noalias() =
+            att * v;
       }
     }
     std::vector<T> projected(static_cast<std::size_t>(N * C));
@@ -296,7 +321,7 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
     a.fc.resize(static_cast<std::size_t>(N * 4 * C));
     linear(a.fc.data(), a.ln_2.data(), values<T>(layer.fc_w), values<T>(layer.fc_b), N, C, 4 * C);
     a.fc_gelu.resize(a.fc.size());
-    for (std::size_t i = 0; i < a.fc.size(); ++i) a.fc_gelu[i] = gelu(a.fc[i], config_.gelu_tanh);
+    gelu(a.fc_gelu.data(), a.fc.data(), static_cast<std::int64_t>(a.fc.size()), config_.gelu_tanh);
     linear(projected.data(), a.fc_gelu.data(), values<T>(layer.fc_proj_w), values<T>(layer.fc_proj_b), N, 4 * C, C);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = a.x_1[i] + projected[i];
     act->blocks.push_back(std::move(a));
@@ -356,7 +381,7 @@ void Gpt::backward_as(double loss_scale) {
                     values<T>(layer.fc_proj_w), N, 4 * C, C);
     ready(layer.fc_proj_w);
     ready(layer.fc_proj_b);
-    for (std::size_t i = 0; i < dfc.size(); ++i) dfc[i] *= gelu_derivative(a.fc[i], config_.gelu_tanh);
+    gelu_backward(dfc.data(), a.fc.data(), static_cast<std::int64_t>(dfc.size()), config_.gelu_tanh);
     std::fill(dln.begin(), dln.end(), 0);
     linear_backward(dln.data(), grads<T>(layer.fc_w), grads<T>(layer.fc_b), dfc.data(), a.ln_2.data(), values<T>(layer.fc_w),
                     N, C, 4 * C);
@@ -373,38 +398,29 @@ void Gpt::backward_as(double loss_scale) {
     ready(layer.proj_w);
     ready(layer.proj_b);
     std::vector<T> dqkv(static_cast<std::size_t>(N * 3 * C), 0);
-    std::vector<T> datt(static_cast<std::size_t>(L));
+    // Back through y = att v and the softmax, head by head: dv += att^T dy; datt = dy v^T;
+    // the scores' gradient att * (datt - the row's sum of att * datt) / sqrt(hs) (0 where masked,
+    // since att is); dq += dscores k, dk += dscores^T q.
+    Rows<T> dscores(L, L);
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < NH; ++h) {
+        const std::size_t head = static_cast<std::size_t>(b * L * 3 * C + h * hs);
+        const Eigen::OuterStride<> qkv_rows(3 * C);
+        const Columns<T> q(&a.qkv[head], L, hs, qkv_rows), k(&a.qkv[head + C], L, hs, qkv_rows),
+            v(&a.qkv[head + 2 * C], L, hs, qkv_rows);
+        MutableColumns<T> dq(&dqkv[head], L, hs, qkv_rows), dk(&dqkv[head + C], L, hs, qkv_rows),
+            dv(&dqkv[head + 2 * C], L, hs, qkv_rows);
+        const Columns<T> g(&dy[static_cast<std::size_t>(b * L * C + h * hs)], L, hs, Eigen::OuterStride<>(C));
+        const ConstView<T> att(&a.att[static_cast<std::size_t>((b * NH + h) * L * L)], L, L);
+        dv.noalias() += att.transpose() * g;
+        dscores.noalias() = g * v.transpose();
         for (std::int64_t t = 0; t < L; ++t) {
-          const T* att = &a.att[static_cast<std::size_t>(((b * NH + h) * L + t) * L)];
-          const T* g = &dy[static_cast<std::size_t>((b * L + t) * C + h * hs)];
-          // y_t = sum_u att[u] v_u: the attention weights' and the values' gradients.
           T weighted = 0;
-          for (std::int64_t u = 0; u <= t; ++u) {
-            const T* v = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
-            T* dv = &dqkv[static_cast<std::size_t>((b * L + u) * 3 * C + 2 * C + h * hs)];
-            T dot = 0;
-            for (std::int64_t d = 0; d < hs; ++d) {
-              dot += g[d] * v[d];
-              dv[d] += att[u] * g[d];
-            }
-            datt[static_cast<std::size_t>(u)] = dot;
-            weighted += att[u] * dot;
-          }
-          // Through the softmax, then the scaled dot products q_t . k_u.
-          const T* q = &a.qkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
-          T* dq = &dqkv[static_cast<std::size_t>((b * L + t) * 3 * C + h * hs)];
-          for (std::int64_t u = 0; u <= t; ++u) {
-            const T dpre = att[u] * (datt[static_cast<std::size_t>(u)] - weighted) * scale;
-            const T* k = &a.qkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
-            T* dk = &dqkv[static_cast<std::size_t>((b * L + u) * 3 * C + C + h * hs)];
-            for (std::int64_t d = 0; d < hs; ++d) {
-              dq[d] += dpre * k[d];
-              dk[d] += dpre * q[d];
-            }
-          }
+          for (std::int64_t u = 0; u <= t; ++u) weighted += att(t, u) * dscores(t, u);
+          for (std::int64_t u = 0; u < L; ++u) dscores(t, u) = u <= t ? att(t, u) * (dscores(t, u) - weighted) * scale : T(0);
         }
+        dq.noalias() += dscores * k;
+        dk.noalias() += dscores.transpose() * q;
       }
     }
     std::fill(dln.begin(), dln.end(), 0);
