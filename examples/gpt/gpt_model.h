@@ -88,6 +88,7 @@ class Gpt {
   std::int64_t length_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
   std::shared_ptr<void> saved_;
+  std::shared_ptr<void> spare_;  // the activations of the last backward, for the next forward's reuse
   // bf16 only: each parameter's f32 values for this step and its f32 gradient of this backward.
   struct Compute {
     std::vector<float> values;
