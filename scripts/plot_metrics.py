@@ -5,7 +5,8 @@
     /usr/bin/python3 scripts/plot_metrics.py out.png run.jsonl[=label] ... [--smooth 25] [--title T]
         [--val label=value ...]
 
---val draws a run's final validation loss as a dashed line. Needs matplotlib (Debian:
+--val draws a run's final validation loss as a dashed line. A label "torch X" is drawn dashed in
+the colour of the run labelled "X" (PyTorch beside gradsync). Needs matplotlib (Debian:
 apt-get install python3-matplotlib).
 """
 import argparse
@@ -47,10 +48,15 @@ def main():
     parser.add_argument("--val", nargs="*", default=[], help="label=final validation loss")
     args = parser.parse_args()
     figure, axes = plt.subplots(figsize=(8, 4.5))
+    colours = {}
     for run in args.runs:
         path, _, label = run.partition("=")
+        label = label or path
+        key = label[len("torch "):] if label.startswith("torch ") else label
+        colour = colours.setdefault(key, f"C{len(colours)}")
         steps, losses = read(path)
-        axes.plot(steps, smooth(losses, args.smooth), label=label or path, linewidth=1.2)
+        axes.plot(steps, smooth(losses, args.smooth), label=label, linewidth=1.2, color=colour,
+                  linestyle="--" if label.startswith("torch ") else "-")
     for entry in args.val:
         label, _, value = entry.partition("=")
         axes.axhline(float(value), linestyle="--", linewidth=0.8, color="gray")
