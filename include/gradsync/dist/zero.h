@@ -106,7 +106,8 @@ class ZeroOptimizer : public Joinable {
   // Joinable (join.h): under dist::Join({&ddp, &zero}), a joined rank keeps stepping its pieces
   // (they are nobody else's) and takes part in the gathers and the clipping norm: each
   // collective phase of an active rank's step starts with a small control allreduce that the
-  // joined rank answers (docs/zero.md).
+  // joined rank answers; it carries the active ranks' learning rates, which the joined rank
+  // steps its pieces with (docs/zero.md).
   void join_opened(const JoinOptions* options) override;
   void shadow_step(JoinStep& step) override;
   void finish_join(int last_joiner) override;
