@@ -13,6 +13,7 @@
 
 #include "gradsync/core/error.h"
 #include "gradsync/core/half.h"
+#include "gradsync/kernels/ops.h"
 
 #ifdef GPT_WITH_OPENBLAS
 extern "C" void openblas_set_num_threads(int threads);
@@ -250,8 +251,8 @@ double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<s
     for (Parameter& p : registry_) {
       std::vector<float>& values = compute_[&p].values;
       values.resize(static_cast<std::size_t>(p.numel()));
-      const auto* bits = static_cast<const std::uint16_t*>(p.value().data());
-      for (std::size_t i = 0; i < values.size(); ++i) values[i] = bf16_bits_to_float(bits[i]);
+      Tensor widened = Tensor::wrap(values.data(), p.shape(), DType::f32);
+      ops::cast(p.value(), widened);  // gradsync's conversion (exact: every bf16 is an f32)
     }
   }
   return dtype_ == DType::f64 ? forward_as<double>(tokens, targets) : forward_as<float>(tokens, targets);
