@@ -37,14 +37,32 @@ for ((local = 0; local < per_node; ++local)); do
   pids+=($!)
 done
 
+# The first rank to fail decides the job's status and stops the others.
 status=0
-for ((remaining = ${#pids[@]}; remaining > 0; --remaining)); do
-  wait -n  # the next rank to end, whichever it is
-  code=$?
+note_exit() {
+  local code=$1
   if ((code != 0 && status == 0)); then
     status=$code
     echo "launch.sh: a rank exited with status $code; stopping the others" >&2
     kill "${pids[@]}" 2>/dev/null
   fi
+}
+# Watch the ranks until all have ended. Not with `wait -n`: when ranks end together, bash may
+# reap several while reporting one, and a later `wait -n` finds no child and returns 127, a
+# failure no rank had (seen in CI). Asking for a rank by process id once it is gone is reliable:
+# bash keeps the status of every background process it started.
+running=("${pids[@]}")
+while ((${#running[@]} > 0)); do
+  still=()
+  for pid in "${running[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      still+=("$pid")
+    else
+      wait "$pid"
+      note_exit $?
+    fi
+  done
+  running=("${still[@]}")
+  ((${#running[@]} > 0)) && sleep 0.05
 done
 exit $status
