@@ -12,6 +12,14 @@ namespace gradsync::detail {
 void* device_allocate(std::size_t nbytes, Device device);
 void device_free(void* data, Device device) noexcept;
 void device_memset_zero(void* data, std::size_t nbytes, Device device);
+
+// Paged host memory (Storage's paged kind): an anonymous private mapping, zero, its pages
+// committed when first written. host_release_zero zeroes [data, data + nbytes): the whole
+// pages inside are given back (MADV_DONTNEED: they read as zeros afterwards), the partial
+// pages at the ends are written with zeros.
+void* host_map_zeros(std::size_t nbytes);
+void host_unmap(void* data, std::size_t nbytes) noexcept;
+void host_release_zero(void* data, std::size_t nbytes);
 // Copies nbytes between any two devices (host<->device, device<->device, host<->host).
 void device_copy(void* destination, Device destination_device, const void* source, Device source_device,
                  std::size_t nbytes);

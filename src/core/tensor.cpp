@@ -32,16 +32,22 @@ std::string shape_str(const Shape& shape) {
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   void* data = detail::device_allocate(nbytes, device);
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, /*owned=*/true));
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, Kind::owned));
+}
+
+std::shared_ptr<Storage> Storage::allocate_paged(std::size_t nbytes, Device device) {
+  if (!device.is_cpu()) return allocate(nbytes, device);
+  return std::shared_ptr<Storage>(new Storage(detail::host_map_zeros(nbytes), nbytes, device, Kind::paged));
 }
 
 std::shared_ptr<Storage> Storage::borrow(void* data, std::size_t nbytes, Device device) {
   GRADSYNC_CHECK(data != nullptr || nbytes == 0, "cannot wrap a null pointer of ", nbytes, " bytes");
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, /*owned=*/false));
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, Kind::borrowed));
 }
 
 Storage::~Storage() {
-  if (owned_) detail::device_free(data_, device_);
+  if (kind_ == Kind::owned) detail::device_free(data_, device_);
+  if (kind_ == Kind::paged) detail::host_unmap(data_, nbytes_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -60,6 +66,21 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor tensor = empty(shape, dtype, device);
   detail::device_memset_zero(tensor.data(), tensor.nbytes(), device);
   return tensor;
+}
+
+Tensor Tensor::zeros_paged(const Shape& shape, DType dtype, Device device) {
+  if (!device.is_cpu()) return zeros(shape, dtype, device);
+  const std::int64_t numel = shape_numel(shape);
+  return Tensor(Storage::allocate_paged(static_cast<std::size_t>(numel) * dtype_size(dtype), device), 0, shape, dtype);
+}
+
+void Tensor::zero_releasing_pages() {
+  if (numel_ == 0) return;
+  if (storage_ == nullptr || !storage_->paged()) {
+    detail::device_memset_zero(data(), nbytes(), device_);
+    return;
+  }
+  detail::host_release_zero(data(), nbytes());
 }
 
 namespace {

@@ -71,6 +71,7 @@ struct DataParallel::Impl {
     reducer_options.op = comm::ReduceOp::sum;
     reducer_options.prescale = 1.0 / comm.size();  // divide before the sum, as PyTorch
     reducer_options.reduce_scatter = options.shard_gradients;
+    reducer_options.max_buckets_in_flight = options.max_buckets_in_flight.value_or(options.shard_gradients ? 2 : 0);
     std::vector<Parameter*> backward_order(parameters.rbegin(), parameters.rend());
     reducer = std::make_unique<Reducer>(registry, comm, backward_order, std::vector<std::vector<Parameter*>>{},
                                         reducer_options);

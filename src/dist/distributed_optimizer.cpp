@@ -153,6 +153,7 @@ struct DistributedOptimizer::Impl {
       reducer_options.rule = BucketRule::fusion;
       reducer_options.compression = options.compression;
       reducer_options.reduce_scatter = options.zero_stage == 2;
+      reducer_options.max_buckets_in_flight = options.zero_stage == 2 ? 2 : 0;  // as DataParallel's shard_gradients
       reducer_options.op = comm_op(options.op);
       if (options.powersgd) {
         reducer_options.hook = powersgd_hook(options.powersgd);  // it averages: no pre- or postscale

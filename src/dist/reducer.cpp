@@ -70,6 +70,7 @@ struct Reducer::Impl {
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // registry index -> (bucket, member); bucket npos if none
   std::size_t next_to_launch = 0;
+  std::size_t next_to_complete = 0;  // buckets complete in launch order
   bool started = false;
   Stats stats;
 
@@ -221,6 +222,10 @@ struct Reducer::Impl {
   void launch_in_order() {
     try {
       while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+        // The working set's bound: the oldest bucket in flight completes before one more goes.
+        if (options.max_buckets_in_flight > 0 && next_to_launch - next_to_complete >= options.max_buckets_in_flight) {
+          complete_next();
+        }
         launch(buckets[next_to_launch]);
         ++next_to_launch;
       }
@@ -283,6 +288,13 @@ struct Reducer::Impl {
     return work;
   }
 
+  // Completes the oldest launched bucket (buckets complete in launch order).
+  void complete_next() {
+    Bucket& bucket = buckets[next_to_complete];
+    complete(bucket);
+    ++next_to_complete;
+  }
+
   void complete(Bucket& bucket) {
     const auto start = std::chrono::steady_clock::now();
     bucket.work->wait();
@@ -311,6 +323,7 @@ struct Reducer::Impl {
         Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.count});
         scale_gradient(mine, options.postscale);
       }
+      release_unowned(bucket, shard);
       for (Parameter* member : bucket.info.members) member->mark_grad_defined();
       return;
     }
@@ -328,6 +341,18 @@ struct Reducer::Impl {
     }
   }
 
+  // Under reduce_scatter, once this rank's piece is in place: the rest of the bucket (other
+  // ranks' pieces, here only this rank's unreduced gradients) is zeroed and its pages given
+  // back, and the transient buffers are dropped. A rank's gradient memory between steps is then
+  // its pieces (the gradient arena is paged: ParameterRegistry::finalize).
+  void release_unowned(Bucket& bucket, const BucketShard& shard) {
+    if (shard.begin > 0) bucket.flat.view(0, {shard.begin}).zero_releasing_pages();
+    const std::int64_t end = shard.begin + shard.count;
+    if (end < bucket.info.numel) bucket.flat.view(static_cast<std::size_t>(end), {bucket.info.numel - end}).zero_releasing_pages();
+    bucket.piece = Tensor();
+    bucket.compressed = Tensor();
+  }
+
   void reset_round() {
     for (Bucket& bucket : buckets) {
       std::fill(bucket.ready.begin(), bucket.ready.end(), false);
@@ -337,6 +362,7 @@ struct Reducer::Impl {
       bucket.tail_work.reset();
     }
     next_to_launch = 0;
+    next_to_complete = 0;
     started = false;
   }
 };
@@ -389,7 +415,7 @@ void Reducer::wait() {
                  " was never launched (call finish() first)");
   try {
     timeline::Span blocked("wait", "wait");
-    for (Impl::Bucket& bucket : impl_->buckets) impl_->complete(bucket);
+    while (impl_->next_to_complete < impl_->buckets.size()) impl_->complete_next();
   } catch (...) {
     impl_->fail(std::current_exception());  // waits for the later buckets before anyone reuses the arena
     impl_->reset_round();

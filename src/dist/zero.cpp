@@ -258,7 +258,16 @@ void ZeroOptimizer::wait_for(const Parameter& parameter) {
 
 void ZeroOptimizer::wait_all() { impl_->wait_all(); }
 
-void ZeroOptimizer::zero_grad(bool set_to_undefined) { impl_->optimizer.zero_grad(set_to_undefined); }
+void ZeroOptimizer::zero_grad(bool set_to_undefined) {
+  optim::Optimizer& optimizer = impl_->optimizer;
+  if (impl_->options.stage < 2 || set_to_undefined) return optimizer.zero_grad(set_to_undefined);
+  // Stage 2 keeps only its pieces' gradient pages between steps: zeros that give the pages
+  // back rather than write them (a plain fill would commit the whole gradient arena).
+  optimizer.zero_grad(true);
+  for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
+    for (Parameter* parameter : optimizer.group_parameters(g)) parameter->grad_for_overwrite().zero_releasing_pages();
+  }
+}
 
 double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   return optim::clip_grad_norm(impl_->optimizer, max_norm, norm_type, error_if_nonfinite);

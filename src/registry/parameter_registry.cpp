@@ -146,7 +146,9 @@ void ParameterRegistry::finalize() {
     Arena& arena = arenas_[index];
     const auto numel = static_cast<std::int64_t>(arena_numel[index]);
     arena.values = Tensor::zeros({numel}, arena.dtype, arena.device);
-    arena.grads = Tensor::zeros({numel}, arena.grad_dtype, arena.device);
+    // Paged: a gradient page costs memory once written, and ZeRO stage 2 gives back the pages of
+    // the pieces other ranks own once a bucket is reduced (Reducer, reduce_scatter).
+    arena.grads = Tensor::zeros_paged({numel}, arena.grad_dtype, arena.device);
     for (const std::size_t parameter_index : arena.parameters) {
       Parameter& parameter = *parameters_[parameter_index];
       parameter.value_ = arena.values.view(parameter.arena_offset_, parameter.shape_);

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "gradsync/core/tensor.h"
 
 namespace gradsync::testing {
@@ -102,6 +105,20 @@ inline Tensor filled(std::int64_t n, DType dtype, const std::function<double(std
   std::vector<double> values(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = value(i);
   return Tensor::from_vector(values, {n}).to(dtype).to(device);
+}
+
+// Bytes of the whole pages inside a host tensor that are resident in memory now (mincore):
+// what paged memory (Tensor::zeros_paged) costs, written pages counted, given-back ones not.
+inline std::int64_t resident_bytes(const Tensor& tensor) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(tensor.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(tensor.data()) + tensor.nbytes()) / page * page;
+  if (begin >= end) return 0;
+  std::vector<unsigned char> resident((end - begin) / page);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(begin), end - begin, resident.data()), 0);
+  std::int64_t pages = 0;
+  for (const unsigned char flags : resident) pages += flags & 1;
+  return pages * static_cast<std::int64_t>(page);
 }
 
 }  // namespace gradsync::testing

@@ -9,6 +9,8 @@
 #include <string>
 #include <tuple>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
@@ -19,6 +21,7 @@
 #include "gradsync/io/checksum.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"
+#include "gradsync/kernels/ops.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/sgd.h"
@@ -109,6 +112,52 @@ TEST(Zero, ClipNormIsTheGlobalNorm) {
       Tensor all = Tensor::zeros({comm.size()}, DType::f64);
       comm.allgather(mine, all);
       for (const double other : all.to_double_vector()) EXPECT_EQ(other, norm);
+    }
+  });
+}
+
+// Stage 2's gradient memory: between steps a rank holds its pieces only, and during the
+// backward the full-size gradients of at most max_buckets_in_flight buckets in flight and of the
+// one being written (resident pages of the paged gradient arena, counted with mincore; nothing
+// here reads a given-back page, which would map the zero page and count).
+TEST(Zero, StageTwoHoldsItsPiecesAndABoundedWorkingSet) {
+  comm::run_gloo_thread_group(3, [](Communicator& comm) {
+    constexpr int kLayers = 12;
+    constexpr std::int64_t kElements = 48 * 1024;  // 192 KiB: two layers per bucket
+    ParameterRegistry registry;
+    for (int layer = 0; layer < kLayers; ++layer) registry.add("layer" + std::to_string(layer), {kElements});
+    registry.finalize();
+    optim::Adam adam(registry, optim::Adam::Options{.lr = 1e-3});
+    dist::DataParallel ddp(registry, comm,
+                           {.bucket_cap_mb = 0.375, .shard_gradients = true, .max_buckets_in_flight = 1});
+    ASSERT_EQ(ddp.reducer().bucket_count(), static_cast<std::size_t>(kLayers / 2));
+    dist::ZeroOptimizer zero(adam, ddp, {.stage = 2});
+    const Tensor& grads = registry.arenas()[0].grads;
+    const std::int64_t bucket_bytes = 2 * kElements * 4;
+    const std::int64_t pieces = kLayers * kElements * 4 / comm.size();
+    const std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * (kLayers / 2);  // piece edges
+    for (int step = 0; step < 3; ++step) {
+      ddp.begin_backward();
+      std::int64_t most = 0;
+      for (int layer = kLayers; layer-- > 0;) {
+        ops::fill(registry[static_cast<std::size_t>(layer)].grad_for_overwrite(), 0.01 * (layer + comm.rank()));
+        registry.mark_ready(registry[static_cast<std::size_t>(layer)]);
+        most = std::max(most, testing::resident_bytes(grads));
+      }
+      ddp.end_backward();
+      // One bucket in flight and one being written, beside the pieces of the reduced ones.
+      EXPECT_LE(most, pieces + 2 * bucket_bytes + slack) << "step " << step;
+      EXPECT_GT(most, 2 * bucket_bytes) << "step " << step << ": the backward wrote its gradients";
+      zero.step();
+      zero.zero_grad(/*set_to_undefined=*/step % 2 == 0);  // both kinds of zero_grad give pages back
+      EXPECT_LE(testing::resident_bytes(grads), pieces + slack) << "step " << step << ": between steps";
+    }
+    // The training itself is stage 2's (ZeroMatches covers it against unsharded): the replicas agree.
+    Tensor mine = registry.arenas()[0].values.clone();
+    Tensor all = Tensor::empty({mine.numel() * comm.size()}, DType::f32);
+    comm.allgather(mine, all);
+    for (int r = 1; r < comm.size(); ++r) {
+      EXPECT_EQ(std::memcmp(all.data(), static_cast<const char*>(all.data()) + r * mine.nbytes(), mine.nbytes()), 0);
     }
   });
 }

@@ -124,6 +124,42 @@ TEST(Tensor, WrapBorrowsMemory) {
   EXPECT_GRADSYNC_ERROR(Tensor::wrap(nullptr, {2}, DType::f32), "null pointer");
 }
 
+// Paged memory costs the pages written; zero_releasing_pages gives the whole pages of a view
+// back (they read as zeros) and writes zeros into the partial ones, leaving the rest alone.
+TEST(Tensor, PagedMemoryIsCommittedWhenWrittenAndGivenBack) {
+  const std::int64_t n = 1 << 20;  // 4 MiB of f32
+  Tensor paged = Tensor::zeros_paged({n}, DType::f32);
+  EXPECT_EQ(testing::resident_bytes(paged), 0) << "nothing written yet";
+  EXPECT_EQ(paged.to_double_vector()[12345], 0.0);
+  float* data = paged.data_as<float>();
+  for (std::int64_t i = 0; i < n; ++i) data[i] = 1.0f + static_cast<float>(i % 7);
+  EXPECT_EQ(testing::resident_bytes(paged), n * 4);
+
+  // A view that starts and ends inside pages: [1000, n - 100). Only the two partial pages at
+  // its ends stay resident (resident_bytes counts the zero page that reading a given-back page
+  // maps, so the contents are read after the counts).
+  Tensor middle = paged.view(1000, {n - 1100});
+  middle.zero_releasing_pages();
+  const std::int64_t page = sysconf(_SC_PAGESIZE);
+  EXPECT_EQ(testing::resident_bytes(paged), 2 * page);
+  data[n / 2] = 5.0f;  // written again, a page is committed again
+  EXPECT_EQ(testing::resident_bytes(paged), 3 * page);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float expected = i < 1000 || i >= n - 100 ? 1.0f + static_cast<float>(i % 7) : i == n / 2 ? 5.0f : 0.0f;
+    ASSERT_EQ(data[i], expected) << "element " << i;
+  }
+
+  // Ordinary memory: the same call is a zero fill.
+  Tensor ordinary = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {4});
+  ordinary.view(1, {2}).zero_releasing_pages();
+  EXPECT_EQ(ordinary.to_double_vector(), (std::vector<double>{1, 0, 0, 4}));
+  // A tiny view inside one page of paged memory.
+  Tensor small = Tensor::zeros_paged({16}, DType::f64);
+  small.data_as<double>()[3] = 2.0;
+  small.view(2, {4}).zero_releasing_pages();
+  EXPECT_EQ(small.to_double_vector()[3], 0.0);
+}
+
 TEST(Tensor, CudaWithoutDeviceIsAClearError) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present; the gpu suite covers it";
   EXPECT_GRADSYNC_ERROR(Tensor::zeros({4}, DType::f32, Device::cuda(0)), "cuda:0", "not usable");

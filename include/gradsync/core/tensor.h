@@ -28,9 +28,13 @@ std::string shape_str(const Shape& shape);  // "[3, 4]"
 
 // Raw memory on one device. Owned storage is freed with the right allocator when the last
 // tensor referring to it goes away; borrowed storage (Tensor::wrap) is never freed by us.
+// Paged storage (host only) is an anonymous mapping: zero, and committed page by page when
+// first written, so a large buffer costs the memory of the pages in use, and
+// Tensor::zero_releasing_pages gives pages back.
 class Storage {
  public:
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device);
+  static std::shared_ptr<Storage> allocate_paged(std::size_t nbytes, Device device);
   static std::shared_ptr<Storage> borrow(void* data, std::size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -39,15 +43,17 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
-  bool owned() const { return owned_; }
+  bool owned() const { return kind_ != Kind::borrowed; }
+  bool paged() const { return kind_ == Kind::paged; }
 
  private:
-  Storage(void* data, std::size_t nbytes, Device device, bool owned)
-      : data_(data), nbytes_(nbytes), device_(device), owned_(owned) {}
+  enum class Kind { owned, paged, borrowed };
+  Storage(void* data, std::size_t nbytes, Device device, Kind kind)
+      : data_(data), nbytes_(nbytes), device_(device), kind_(kind) {}
   void* data_;
   std::size_t nbytes_;
   Device device_;
-  bool owned_;
+  Kind kind_;
 };
 
 class Tensor {
@@ -57,6 +63,10 @@ class Tensor {
   // New owning tensors. empty() leaves the memory uninitialized; zeros() fills with zero.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Zeros whose host memory is committed page by page as it is first written (Storage's paged
+  // kind): what a buffer of which only parts are in use at a time wants, such as the gradient
+  // arena under ZeRO stage 2. On a CUDA device it is zeros(): device memory is committed at once.
+  static Tensor zeros_paged(const Shape& shape, DType dtype, Device device = Device::cpu());
   // A CPU f32/f64 tensor holding a copy of the given values (convenient in tests/examples).
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
   static Tensor from_vector(const std::vector<double>& values, const Shape& shape);
@@ -95,6 +105,11 @@ class Tensor {
 
   // Copies another tensor's elements into this one: same dtype and element count, any devices.
   void copy_from(const Tensor& source);
+
+  // Sets every element to zero. On paged storage the whole pages this tensor covers are given
+  // back to the system rather than written (they read as zeros, and cost nothing until written
+  // again); the partial pages at its ends are zero-filled. Elsewhere it is a plain zero fill.
+  void zero_releasing_pages();
 
   // Host copy of the elements converted to double (for tests, messages and small reads).
   std::vector<double> to_double_vector() const;

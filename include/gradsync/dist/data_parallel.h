@@ -55,7 +55,12 @@ struct DataParallelOptions {
   // ZeRO stage 2 (dist/zero.h): each bucket is reduce-scattered, so a rank's reduced gradients
   // are only its piece of each bucket (the elements its sharded optimizer steps); the same
   // bytes on the wire as an allreduce, half the work at each end. Hooks do not combine with it.
+  // The rest of each bucket's gradient memory is given back once the bucket is reduced.
   bool shard_gradients = false;
+  // Buckets launched and not yet reduced, at most (ReducerOptions::max_buckets_in_flight);
+  // unset: 2 with shard_gradients (ZeRO-2's working set: the full-size gradients of two buckets
+  // in flight and of the one being written, beside the rank's pieces), no bound without.
+  std::optional<std::size_t> max_buckets_in_flight{};
 };
 
 class SyncState;  // Composer's sync strategies' state (sync_strategy.h)

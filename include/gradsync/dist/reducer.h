@@ -95,9 +95,15 @@ struct ReducerOptions {
   double postscale = 1.0;  // applied after decompression
   ReduceHook hook{};       // empty: comm.allreduce_async(flat, op)
   // ZeRO stage 2: each bucket is reduce-scattered instead of allreduced, so only this rank's
-  // piece of it (shard_bucket) holds the reduced gradient; the rest of the bucket keeps this
-  // rank's own (prescaled) gradient. Every bucket must be a view of the gradient arena; no hook.
+  // piece of it (shard_bucket) holds the reduced gradient; the rest of the bucket is set to zero
+  // and its whole pages given back to the system (Tensor::zero_releasing_pages), as are the
+  // bucket's transient buffers: between steps a rank's gradient memory is its pieces. Every
+  // bucket must be a view of the gradient arena; no hook.
   bool reduce_scatter = false;
+  // At most this many buckets launched and not yet completed (0: no bound). Launching one more
+  // first completes the oldest, on the engine's thread: the working set of full-size gradient
+  // memory under reduce_scatter is then this many buckets plus the one being written.
+  std::size_t max_buckets_in_flight = 0;
 };
 
 struct BucketInfo {
