@@ -2,11 +2,14 @@
 //
 // The model: --layers layers of --layer-elements f32 (24 x 2^20 = 25.2M parameters by
 // default), Adam. Each step, a synthetic backward writes every layer's gradient (last first)
-// and marks it ready; DataParallel reduces (stage 0 and 1: allreduce; stage 2: reduce-scatter);
-// then the optimizer steps (stage 1 and 2: this rank's pieces, then the parameters gathered).
+// and marks it ready; DataParallel reduces (stage 0 and 1: allreduce; stages 2 and 3:
+// reduce-scatter); then the optimizer steps (stages 1-3: this rank's pieces; stages 1 and 2 then
+// gather the parameters). Stage 3 has one unit per layer: a forward gathers and releases each
+// layer in turn, the backward gathers it again (the gathers replay the first step's order as
+// prefetches).
 //
-//   bench_zero                 per stage 0, 1, 2 in one run: the optimizer state this rank
-//                              holds (measured: the bytes its buffers take) next to its ceiling,
+//   bench_zero                 per stage 0-3 in one run: the optimizer state this rank holds
+//                              (measured: the bytes its buffers take) next to its ceiling,
 //                              total / N + one bucket; the median step time and its ratio to
 //                              stage 0's, with one allreduce of every gradient as the yardstick
 //   bench_zero --memory S      only stage S, then this process's peak RSS (getrusage): run it
@@ -49,27 +52,41 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
   for (int layer = 0; layer < layers; ++layer) registry.add("layer" + std::to_string(layer), {elements});
   registry.finalize();
   optim::Adam adam(registry, optim::Adam::Options{.lr = 1e-4});
-  dist::DataParallel ddp(registry, comm, {.shard_gradients = stage == 2});
+  dist::DataParallelOptions options{.shard_gradients = stage >= 2};
+  if (stage == 3) {  // one unit per layer
+    for (Parameter& layer : registry) options.units.push_back({&layer});
+  }
+  dist::DataParallel ddp(registry, comm, options);
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(adam, ddp, dist::ZeroOptions{.stage = stage});
   std::vector<double> times;
   for (int s = 0; s <= steps; ++s) {
     comm.barrier();
     const auto start = Clock::now();
-    if (forward_ms > 0) {
+    // Stage 3: each layer gathered for its forward and released after it (the gathers of the
+    // next layers replayed behind it from the second step: auto prefetch), gathered again for
+    // its backward.
+    if (forward_ms > 0 || stage == 3) {
       for (std::size_t layer = 0; layer < registry.size(); ++layer) {
-        if (zero) zero->wait_for(registry[layer]);  // this layer's parameters have arrived
+        if (stage == 3) {
+          zero->gather(layer);
+        } else if (zero) {
+          zero->wait_for(registry[layer]);  // this layer's parameters have arrived
+        }
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms / static_cast<double>(layers)));
+        if (stage == 3) zero->release(layer);
       }
     }
     ddp.begin_backward();
     for (std::size_t layer = registry.size(); layer-- > 0;) {
+      if (stage == 3) zero->gather(layer);
       ops::fill(registry[layer].grad_for_overwrite(), 1e-3 * static_cast<double>(layer + 1));
       registry.mark_ready(registry[layer]);
+      if (stage == 3) zero->release(layer);
     }
     ddp.end_backward();
     if (zero) {
-      forward_ms > 0 ? zero->step_async() : zero->step();  // with a forward next, the gathers go behind it
+      forward_ms > 0 ? zero->step_async() : zero->step();  // with a forward next, the gathers go behind it (1, 2)
     } else {
       adam.step();
     }
@@ -98,7 +115,7 @@ int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_zero [--backend auto|mpi|gloo] [--layers N] [--layer-elements N] [--steps N]\n"
                            "           [--memory STAGE]\n"
-                           "  ZeRO stages 0, 1, 2: optimizer state per rank, step time (or, with --memory, one stage's\n"
+                           "  ZeRO stages 0-3: optimizer state per rank, step time (or, with --memory, one stage's\n"
                            "  peak RSS); run on several ranks (mpirun -np 4 ...)",
                            {"--backend", "--layers", "--layer-elements", "--steps", "--memory", "--forward-ms"}, {});
   auto comm = comm::connect(flags.text("--backend", "auto"));
@@ -135,8 +152,8 @@ int main(int argc, char** argv) try {
   const double allreduce = bench::median(times);
   all = Tensor();
 
-  Result results[3];
-  for (int stage = 0; stage < 3; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms);
+  Result results[4];
+  for (int stage = 0; stage < 4; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms);
   if (comm->rank() == 0) {
     std::printf("%s, %d ranks: %d layers x %lld f32 = %.1fM parameters (%.0f MiB), Adam; one allreduce of every "
                 "gradient %.1f ms%s\n",
@@ -148,7 +165,7 @@ int main(int argc, char** argv) try {
     std::printf("%-8s %16s %26s %10s %14s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
                 "vs stage 0");
     const double full_state = static_cast<double>(results[0].state_bytes) / (1 << 20);
-    for (int stage = 0; stage < 3; ++stage) {
+    for (int stage = 0; stage < 4; ++stage) {
       const Result& r = results[stage];
       const double ceiling =
           stage == 0 ? full_state : full_state / world + static_cast<double>(r.bucket_bytes) * 2 / (1 << 20);

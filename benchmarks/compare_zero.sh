@@ -10,6 +10,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ranks=${1:-4}
 mpirun=(mpirun --allow-run-as-root --oversubscribe -np "$ranks")
 "${mpirun[@]}" build/benchmarks/bench_zero
-for stage in 0 1 2; do
+for stage in 0 1 2 3; do
   "${mpirun[@]}" build/benchmarks/bench_zero --memory "$stage"
 done

@@ -72,9 +72,28 @@ struct DataParallel::Impl {
     reducer_options.prescale = 1.0 / comm.size();  // divide before the sum, as PyTorch
     reducer_options.reduce_scatter = options.shard_gradients;
     reducer_options.max_buckets_in_flight = options.max_buckets_in_flight.value_or(options.shard_gradients ? 2 : 0);
+    if (!options.units.empty()) {
+      GRADSYNC_CHECK(options.shard_gradients, "DataParallel: units (ZeRO stage 3) need shard_gradients");
+      // One bucket per unit: no cap lets two units share one (the Reducer keeps each unit whole).
+      reducer_options.bucket_limits = {1};
+      std::vector<int> unit_of(registry.size(), -1);
+      for (std::size_t u = 0; u < options.units.size(); ++u) {
+        GRADSYNC_CHECK(!options.units[u].empty(), "DataParallel: unit ", u, " is empty");
+        for (Parameter* member : options.units[u]) {
+          GRADSYNC_CHECK(member != nullptr && member->index() < registry.size() && &registry[member->index()] == member,
+                         "DataParallel: unit ", u, " holds a parameter of another registry");
+          GRADSYNC_CHECK(unit_of[member->index()] < 0, "DataParallel: '", member->name(), "' is in units ",
+                         unit_of[member->index()], " and ", u);
+          unit_of[member->index()] = static_cast<int>(u);
+        }
+      }
+      for (const Parameter* parameter : parameters) {
+        GRADSYNC_CHECK(unit_of[parameter->index()] >= 0, "DataParallel: '", parameter->name(), "' is trainable and in ",
+                       "no unit; with units (ZeRO stage 3) every trainable parameter belongs to one");
+      }
+    }
     std::vector<Parameter*> backward_order(parameters.rbegin(), parameters.rend());
-    reducer = std::make_unique<Reducer>(registry, comm, backward_order, std::vector<std::vector<Parameter*>>{},
-                                        reducer_options);
+    reducer = std::make_unique<Reducer>(registry, comm, backward_order, options.units, reducer_options);
     ready_this_backward.assign(registry.size(), false);
     used_in_window.assign(registry.size(), false);
     subscription = registry.on_ready([this](Parameter& parameter) { on_ready(parameter); });

@@ -248,7 +248,7 @@ struct Reducer::Impl {
     const DType on_wire = wire_dtype(bucket.info.dtype, options.compression);
     if (on_wire != bucket.info.dtype) {
       if (!bucket.compressed.defined() || bucket.compressed.dtype() != on_wire) {
-        bucket.compressed = Tensor::empty({bucket.info.numel}, on_wire, bucket.info.device);
+        bucket.compressed = transient_or_kept({bucket.info.numel}, on_wire, bucket.info.device);
       }
       ops::cast(bucket.flat, bucket.compressed);
       wire = &bucket.compressed;
@@ -270,6 +270,15 @@ struct Reducer::Impl {
     ++stats.buckets_launched;
   }
 
+  // A bucket's own buffer. Kept from round to round, except under reduce_scatter, where it
+  // lives only while its bucket is in flight (release_unowned drops it): then it is paged
+  // memory of its own, mapped here and unmapped when dropped, so that the memory of buffers
+  // made and dropped every step goes back to the system at once instead of staying in the
+  // allocator's heap (which made the peak depend on the order the buffers came and went in).
+  Tensor transient_or_kept(const Shape& shape, DType dtype, Device device) const {
+    return options.reduce_scatter ? Tensor::zeros_paged(shape, dtype, device) : Tensor::empty(shape, dtype, device);
+  }
+
   // ZeRO stage 2: the first world x piece elements of the wire buffer reduce-scattered into
   // this rank's piece, the remainder (under `world` elements, the last rank's) allreduced in
   // place. Returns the reduce-scatter's Work; the remainder's goes to bucket.tail_work.
@@ -278,7 +287,7 @@ struct Reducer::Impl {
     const std::int64_t even = shard.piece * comm.size();
     if (even == 0) return comm.allreduce_async(wire, options.op);  // fewer elements than ranks: all the last rank's
     if (!bucket.piece.defined() || bucket.piece.dtype() != wire.dtype()) {
-      bucket.piece = Tensor::empty({shard.piece}, wire.dtype(), bucket.info.device);
+      bucket.piece = transient_or_kept({shard.piece}, wire.dtype(), bucket.info.device);
     }
     comm::WorkHandle work = comm.reduce_scatter_async(wire.view(0, {even}), bucket.piece, options.op);
     if (even < bucket.info.numel) {

@@ -35,6 +35,21 @@ struct ZeroOptimizer::Impl {
   };
   std::vector<Gather> gathers;  // by bucket index
 
+  // Stage 3: the engine's units, each one bucket (DataParallelOptions::units), in its order.
+  enum class UnitState { released, gathering, gathered };
+  struct Unit {
+    std::size_t bucket = 0;
+    std::vector<Parameter*> members;
+    std::shared_ptr<const std::string> why_released;  // what a released member's value() says
+    UnitState state = UnitState::gathered;  // until build() releases it
+  };
+  std::vector<Unit> units;
+  std::vector<std::size_t> unit_of_bucket;
+  // Auto prefetch: the first step's order of gathers, replayed from a cursor in later steps.
+  std::vector<std::size_t> recorded_order;
+  bool recording = true;
+  std::size_t cursor = 0;
+
   Impl(optim::Optimizer& optimizer_, const Reducer& reducer_, comm::Communicator& base, DataParallel* ddp_,
        ZeroOptions options_)
       : optimizer(optimizer_), reducer(reducer_), ddp(ddp_), options(options_),
@@ -113,14 +128,17 @@ struct ZeroOptimizer::Impl {
   }
 
   void build() {
-    GRADSYNC_CHECK(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage ", options.stage,
-                   " (expected 1: optimizer state sharded, or 2: gradients too)");
+    GRADSYNC_CHECK(options.stage >= 1 && options.stage <= 3, "ZeroOptimizer: stage ", options.stage,
+                   " (expected 1: optimizer state sharded, 2: gradients too, or 3: parameters too)");
     GRADSYNC_CHECK(ddp == nullptr || &optimizer.registry() == &ddp->registry(), "ZeroOptimizer: the optimizer and the ",
                    "DataParallel are over different registries");
     const bool sharded_gradients = reducer.options().reduce_scatter;
-    GRADSYNC_CHECK(sharded_gradients == (options.stage == 2), "ZeroOptimizer: stage ", options.stage, " needs a ",
-                   "DataParallel ", options.stage == 2 ? "with" : "without", " shard_gradients (DataParallelOptions), ",
-                   "which decides whether buckets are reduce-scattered (stage 2) or allreduced (stage 1)");
+    GRADSYNC_CHECK(sharded_gradients == (options.stage >= 2), "ZeroOptimizer: stage ", options.stage, " needs a ",
+                   "DataParallel ", options.stage >= 2 ? "with" : "without", " shard_gradients (DataParallelOptions), ",
+                   "which decides whether buckets are reduce-scattered (stages 2, 3) or allreduced (stage 1)");
+    GRADSYNC_CHECK(options.stage < 3 || (ddp != nullptr && !ddp->options().units.empty()), "ZeroOptimizer: stage 3 ",
+                   "needs a DataParallel with units (DataParallelOptions::units): the groups of parameters the engine ",
+                   "gathers and releases together");
     // Every rank the same stage and the same buckets (a rank with another bucket_cap_mb, say,
     // would cut other pieces): an error on every rank naming the first difference.
     std::vector<std::string> description{"stage " + std::to_string(options.stage)};
@@ -161,15 +179,92 @@ struct ZeroOptimizer::Impl {
       if (gather.shard.count > 0) {
         layout.ranges[gather.arena].push_back({gather.begin + gather.shard.begin, gather.begin + gather.shard.begin + gather.shard.count});
       }
-      const Arena& arena = registry().arenas()[gather.arena];
-      gather.staging = Tensor::empty({gather.shard.count}, arena.dtype, arena.device);
-      gathers.push_back(std::move(gather));
+      gathers.push_back(std::move(gather));  // its staging is made at its first gather
     }
     for (auto& list : layout.ranges) {
       std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     }
     layout.stage = options.stage;
     optimizer.shard(layout.ranges, [this](optim::GradientStatistics& statistics) { combine(statistics); });
+    if (options.stage == 3) build_units();
+  }
+
+  // Stage 3: each declared unit is one bucket (DataParallel made it so); then every unit is
+  // released, leaving this rank its pieces.
+  void build_units() {
+    const auto& declared = ddp->options().units;
+    unit_of_bucket.assign(reducer.bucket_count(), 0);
+    for (std::size_t u = 0; u < declared.size(); ++u) {
+      Unit unit;
+      unit.bucket = reducer.bucket_of(*declared[u][0]);
+      unit.members = declared[u];
+      const BucketInfo& info = reducer.bucket(unit.bucket);
+      GRADSYNC_CHECK(info.members.size() == unit.members.size(), "ZeroOptimizer: unit ", u, " ('",
+                     unit.members[0]->name(), "', ...) is not one bucket of its DataParallel");
+      std::string names = "'" + unit.members[0]->name() + "'" + (unit.members.size() > 1 ? ", ..." : "");
+      unit.why_released = std::make_shared<const std::string>(
+          "it is in unit " + std::to_string(u) + " (" + names + "), which is released (ZeRO stage 3): gather(" +
+          std::to_string(u) + ") first");
+      unit_of_bucket[unit.bucket] = u;
+      units.push_back(std::move(unit));
+    }
+    for (Unit& unit : units) release_unit(unit);
+  }
+
+  // This rank's piece of a unit's values stays; the rest is zeroed and its pages given back.
+  void release_unit(Unit& unit) {
+    if (unit.state == UnitState::released) return;
+    finish_gather(unit);
+    const Gather& gather = gathers[unit.bucket];
+    const std::int64_t numel = reducer.bucket(unit.bucket).numel;
+    Tensor values = registry().arenas()[gather.arena].values.view(static_cast<std::size_t>(gather.begin), {numel});
+    if (gather.shard.begin > 0) values.view(0, {gather.shard.begin}).zero_releasing_pages();
+    const std::int64_t end = gather.shard.begin + gather.shard.count;
+    if (end < numel) values.view(static_cast<std::size_t>(end), {numel - end}).zero_releasing_pages();
+    for (Parameter* member : unit.members) member->set_value_released(unit.why_released);
+    unit.state = UnitState::released;
+  }
+
+  void launch_unit_gather(Unit& unit) {
+    if (unit.state != UnitState::released) return;  // gathered or on its way: free
+    launch_gather(gathers[unit.bucket]);
+    unit.state = UnitState::gathering;
+  }
+
+  void finish_gather(Unit& unit) {
+    if (unit.state != UnitState::gathering) return;
+    wait(gathers[unit.bucket]);
+    // Stage 3 gathers a few units at a time: a unit's staging copy lives only while it travels
+    // (stages 1 and 2 gather every bucket at once, so theirs stay).
+    gathers[unit.bucket].staging = Tensor();
+    for (Parameter* member : unit.members) member->set_value_released(nullptr);
+    unit.state = UnitState::gathered;
+  }
+
+  Unit& unit_at(std::size_t u, const char* what) {
+    GRADSYNC_CHECK(options.stage == 3, "ZeroOptimizer::", what, ": stage ", options.stage, " has no units (stage 3 does)");
+    GRADSYNC_CHECK(u < units.size(), "ZeroOptimizer::", what, ": unit ", u, " of ", units.size());
+    return units[u];
+  }
+
+  // gather(u): the unit here; in the first step its place in the order is recorded, in later
+  // ones the next recorded unit is launched behind it.
+  void gather_unit(std::size_t u) {
+    Unit& unit = unit_at(u, "gather");
+    launch_unit_gather(unit);
+    if (recording) {
+      recorded_order.push_back(u);
+    } else if (options.auto_prefetch) {
+      std::size_t at = cursor;
+      while (at < recorded_order.size() && recorded_order[at] != u) ++at;
+      if (at < recorded_order.size()) {
+        cursor = at + 1;
+        if (cursor < recorded_order.size()) launch_unit_gather(units[recorded_order[cursor]]);
+      } else {
+        cursor = recorded_order.size();  // off the recorded order: no more guesses this step
+      }
+    }
+    finish_gather(unit);
   }
 
   // Every rank's statistics of its owned pieces, made the world's: sums, and the largest.
@@ -191,19 +286,31 @@ struct ZeroOptimizer::Impl {
   }
 
   void launch_gathers() {
-    for (Gather& gather : gathers) {
-      Tensor values = registry().arenas()[gather.arena].values;  // shares the arena's storage
-      if (gather.shard.count > 0) {
-        gather.staging.copy_from(values.view(static_cast<std::size_t>(gather.begin + gather.shard.begin), {gather.shard.count}));
-      }
-      std::int64_t numel = 0;
-      for (const std::int64_t count : gather.shard.counts) numel += count;
-      Tensor target = values.view(static_cast<std::size_t>(gather.begin), {numel});
-      timeline::instant("zero", "gather parameters");
-      const comm::OperationLabel label("ZeRO gather: arena " + std::to_string(gather.arena) + " from element " +
-                                       std::to_string(gather.begin));
-      gather.work = comm.allgatherv_async(gather.staging, target, gather.shard.counts);
+    for (Gather& gather : gathers) launch_gather(gather);
+  }
+
+  // One bucket's pieces of the values allgathered into the arena (this rank's own from a
+  // staging copy: the input must not alias the output).
+  void launch_gather(Gather& gather) {
+    const Arena& arena = registry().arenas()[gather.arena];
+    Tensor values = arena.values;  // shares the arena's storage
+    if (!gather.staging.defined()) {
+      // Stage 3's staging lives while its unit travels: paged memory of its own (the Reducer's
+      // transient_or_kept says why), kept by stages 1 and 2.
+      gather.staging = options.stage == 3 ? Tensor::zeros_paged({gather.shard.count}, arena.dtype, arena.device)
+                                          : Tensor::empty({gather.shard.count}, arena.dtype, arena.device);
     }
+    if (gather.shard.count > 0) {
+      gather.staging.copy_from(values.view(static_cast<std::size_t>(gather.begin + gather.shard.begin), {gather.shard.count}));
+    }
+    std::int64_t numel = 0;
+    for (const std::int64_t count : gather.shard.counts) numel += count;
+    Tensor target = values.view(static_cast<std::size_t>(gather.begin), {numel});
+    timeline::instant("zero", "gather parameters");
+    const comm::OperationLabel label(
+        options.stage == 3 ? "ZeRO-3 gather of unit " + std::to_string(unit_of_bucket[static_cast<std::size_t>(&gather - gathers.data())])
+                           : "ZeRO gather: arena " + std::to_string(gather.arena) + " from element " + std::to_string(gather.begin));
+    gather.work = comm.allgatherv_async(gather.staging, target, gather.shard.counts);
   }
 
   void wait(Gather& gather) {
@@ -238,6 +345,15 @@ ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer, const Reducer& reducer
 ZeroOptimizer::~ZeroOptimizer() { impl_->drain(); }
 
 void ZeroOptimizer::step_async() {
+  if (impl_->options.stage == 3) {
+    // The gathered units' other pieces are about to go stale: every unit back to its pieces,
+    // the owned pieces stepped, nothing gathered (the next use gathers).
+    for (Impl::Unit& unit : impl_->units) impl_->release_unit(unit);
+    impl_->optimizer.step();
+    impl_->recording = false;
+    impl_->cursor = 0;
+    return;
+  }
   impl_->wait_all();
   if (impl_->announces()) {  // joined ranks step their pieces with us (Impl::shadow_step)
     impl_->require_no_scaler_under_join();
@@ -253,7 +369,9 @@ void ZeroOptimizer::step() {
 }
 
 void ZeroOptimizer::wait_for(const Parameter& parameter) {
-  impl_->wait(impl_->gathers.at(impl_->reducer.bucket_of(parameter)));
+  const std::size_t bucket = impl_->reducer.bucket_of(parameter);
+  if (impl_->options.stage == 3) return impl_->finish_gather(impl_->units[impl_->unit_of_bucket[bucket]]);
+  impl_->wait(impl_->gathers.at(bucket));
 }
 
 void ZeroOptimizer::wait_all() { impl_->wait_all(); }
@@ -271,6 +389,18 @@ void ZeroOptimizer::zero_grad(bool set_to_undefined) {
 
 double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   return optim::clip_grad_norm(impl_->optimizer, max_norm, norm_type, error_if_nonfinite);
+}
+
+std::size_t ZeroOptimizer::unit_count() const { return impl_->units.size(); }
+std::size_t ZeroOptimizer::unit_of(const Parameter& parameter) const {
+  GRADSYNC_CHECK(impl_->options.stage == 3, "ZeroOptimizer::unit_of: stage ", impl_->options.stage, " has no units");
+  return impl_->unit_of_bucket[impl_->reducer.bucket_of(parameter)];
+}
+void ZeroOptimizer::gather(std::size_t unit) { impl_->gather_unit(unit); }
+void ZeroOptimizer::prefetch(std::size_t unit) { impl_->launch_unit_gather(impl_->unit_at(unit, "prefetch")); }
+void ZeroOptimizer::release(std::size_t unit) { impl_->release_unit(impl_->unit_at(unit, "release")); }
+bool ZeroOptimizer::gathered(std::size_t unit) const {
+  return impl_->unit_at(unit, "gathered").state == Impl::UnitState::gathered;
 }
 
 optim::Optimizer& ZeroOptimizer::optimizer() const { return impl_->optimizer; }
@@ -310,6 +440,8 @@ void ZeroOptimizer::load_state(const std::filesystem::path& path) {
 // ---- Joinable: a joined rank steps its pieces with the others and takes part in the gathers ----
 
 void ZeroOptimizer::join_opened(const JoinOptions* options) {
+  GRADSYNC_CHECK(options == nullptr || impl_->options.stage < 3, "ZeroOptimizer: stage 3 does not take part in ",
+                 "dist::Join yet (a joined rank would have to shadow every gather and reduce-scatter)");
   GRADSYNC_CHECK(options == nullptr || impl_->ddp != nullptr, "ZeroOptimizer: only a ZeroOptimizer over a DataParallel ",
                  "joins (the DistributedOptimizer's zero_stage does not combine with join)");
   impl_->inside_join = options != nullptr;

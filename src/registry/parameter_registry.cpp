@@ -28,11 +28,13 @@ void Parameter::require_trainable(const char* what) const {
 
 Tensor& Parameter::value() {
   require_finalized("value()");
+  GRADSYNC_CHECK(released_ == nullptr, "parameter '", name_, "': its value is not on this rank: ", *released_);
   return value_;
 }
 
 const Tensor& Parameter::value() const {
   require_finalized("value()");
+  GRADSYNC_CHECK(released_ == nullptr, "parameter '", name_, "': its value is not on this rank: ", *released_);
   return value_;
 }
 
@@ -145,9 +147,10 @@ void ParameterRegistry::finalize() {
   for (std::size_t index = 0; index < arenas_.size(); ++index) {
     Arena& arena = arenas_[index];
     const auto numel = static_cast<std::int64_t>(arena_numel[index]);
-    arena.values = Tensor::zeros({numel}, arena.dtype, arena.device);
-    // Paged: a gradient page costs memory once written, and ZeRO stage 2 gives back the pages of
-    // the pieces other ranks own once a bucket is reduced (Reducer, reduce_scatter).
+    // Paged: a page costs memory once written, and ZeRO gives back the pages of the pieces
+    // other ranks own: stage 2 a reduced bucket's gradients (Reducer, reduce_scatter), stage 3
+    // a released unit's values (ZeroOptimizer).
+    arena.values = Tensor::zeros_paged({numel}, arena.dtype, arena.device);
     arena.grads = Tensor::zeros_paged({numel}, arena.grad_dtype, arena.device);
     for (const std::size_t parameter_index : arena.parameters) {
       Parameter& parameter = *parameters_[parameter_index];
@@ -222,6 +225,9 @@ void ParameterRegistry::mark_ready(Parameter& parameter) {
   parameter.require_trainable("mark_ready");
   GRADSYNC_CHECK(parameter.grad_defined_, "mark_ready of parameter '", parameter.name_,
                  "': its gradient is undefined (write it with set_grad/grad_for_* first)");
+  // A sharded parameter's gradient is computed from its gathered value (ZeRO stage 3).
+  GRADSYNC_CHECK(parameter.released_ == nullptr, "mark_ready of parameter '", parameter.name_,
+                 "': its value is not on this rank, so its gradient cannot have been computed: ", *parameter.released_);
   if (timeline::enabled()) timeline::instant("ready", "ready " + parameter.name_);
   // Index loop over a vector that listeners may change: one may subscribe another (appended,
   // heard in this very call too, since the loop reads the size afresh) or

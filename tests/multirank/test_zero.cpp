@@ -209,6 +209,193 @@ void train_global(Communicator& comm, testing::ShardModel& model, dist::DataPara
   }
 }
 
+// ---- Stage 3: parameters sharded, units gathered and released by the engine ------------------
+
+// A model of `blocks` units (weight + bias each, awkward sizes) and a head unit. Each step the
+// engine, unit by unit, gathers, runs a "forward", then in reverse gathers again, writes the
+// gradients from the values it reads, marks them ready and releases. The gradient of sample s
+// depends on the weights and on s only, so any world size takes the same steps.
+struct UnitModel {
+  ParameterRegistry registry;
+  std::vector<std::vector<Parameter*>> units;
+  explicit UnitModel(int blocks, std::int64_t width) {
+    for (int b = 0; b < blocks; ++b) {
+      units.push_back({&registry.add("block" + std::to_string(b) + ".weight", {width + 3 * b, 7}),
+                       &registry.add("block" + std::to_string(b) + ".bias", {7})});
+    }
+    units.push_back({&registry.add("head", {11, 5})});
+    registry.finalize();
+    for (Parameter& p : registry) {
+      std::vector<double> init(static_cast<std::size_t>(p.numel()));
+      for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.05 * std::sin(1.7 * static_cast<double>(i) + static_cast<double>(p.index()));
+      p.value().copy_from(Tensor::from_vector(init, p.shape()).to(DType::f32));
+    }
+  }
+  void write_gradient(Parameter& p, int rank, int world, int t) const {
+    const int global = 12, mine = global / world;
+    const std::vector<double> v = p.value().to_double_vector();
+    std::vector<double> g(v.size(), 0.0);
+    for (int s = rank * mine; s < (rank + 1) * mine; ++s) {
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] += (0.3 * v[i] + 0.02 * (s + 1) * std::cos(0.37 * static_cast<double>(i) + t + static_cast<double>(p.index()))) / mine;
+      }
+    }
+    p.set_grad(Tensor::from_vector(g, p.shape()).to(DType::f32));
+  }
+};
+
+// Trains `steps` steps at the given stage (0: unsharded; 2 and 3 with the model's units as
+// buckets) and returns every parameter's values, gathered.
+std::vector<double> train_units(Communicator& comm, int stage, const std::string& optimizer, int steps,
+                                bool explicit_prefetch = false) {
+  UnitModel model(3, 29);
+  auto opt = testing::make_test_optimizer(optimizer, model.registry, testing::zero_settings(optimizer));
+  dist::DataParallelOptions options{.bucket_cap_mb = 1e-6, .shard_gradients = stage >= 2};
+  if (stage >= 2) options.units = model.units;
+  dist::DataParallel ddp(model.registry, comm, options);
+  std::unique_ptr<dist::ZeroOptimizer> zero;
+  if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*opt, ddp, dist::ZeroOptions{.stage = stage});
+  const std::size_t n = model.units.size();
+  for (int t = 0; t < steps; ++t) {
+    if (stage == 3) {
+      for (std::size_t u = 0; u < n; ++u) {  // the forward: each unit gathered, used, released
+        if (explicit_prefetch && u + 1 < n) zero->prefetch(u + 1);
+        zero->gather(u);
+        for (Parameter* p : model.units[u]) EXPECT_FALSE(p->value_released());
+        if (u + 1 < n) zero->release(u);  // the last unit stays for the backward
+      }
+    }
+    ddp.begin_backward();
+    for (std::size_t u = n; u-- > 0;) {
+      if (stage == 3) zero->gather(u);
+      for (auto it = model.units[u].rbegin(); it != model.units[u].rend(); ++it) {
+        model.write_gradient(**it, comm.rank(), comm.size(), t);
+        model.registry.mark_ready(**it);
+      }
+      if (stage == 3) zero->release(u);
+    }
+    ddp.end_backward();
+    zero ? zero->step() : opt->step();
+    zero ? zero->zero_grad() : opt->zero_grad();
+  }
+  std::vector<double> values;
+  for (std::size_t u = 0; u < n; ++u) {
+    if (stage == 3) zero->gather(u);
+    for (Parameter* p : model.units[u]) {
+      const std::vector<double> v = p->value().to_double_vector();
+      values.insert(values.end(), v.begin(), v.end());
+    }
+  }
+  return values;
+}
+
+// Stage 3 against stage 2 over the same buckets (the same reduce-scatter, the same element-wise
+// step): bit for bit; against unsharded DataParallel within 1e-6 relative; every replica the same.
+TEST(Zero3, MatchesStageTwoBitwiseAndUnshardedClosely) {
+  for (const int world : {2, 3, 4}) {
+    for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+      comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+        const std::vector<double> unsharded = train_units(comm, 0, optimizer, 4);
+        const std::vector<double> stage2 = train_units(comm, 2, optimizer, 4);
+        const std::vector<double> stage3 = train_units(comm, 3, optimizer, 4);
+        const std::vector<double> prefetched = train_units(comm, 3, optimizer, 4, /*explicit_prefetch=*/true);
+        ASSERT_EQ(stage3.size(), unsharded.size());
+        EXPECT_EQ(stage3, stage2) << world << " ranks, " << optimizer;
+        EXPECT_EQ(prefetched, stage3) << world << " ranks, " << optimizer;
+        double largest = 0;
+        for (const double v : unsharded) largest = std::max(largest, std::abs(v));
+        for (std::size_t i = 0; i < stage3.size(); ++i) {
+          ASSERT_NEAR(stage3[i], unsharded[i], 1e-6 * largest) << "element " << i << ", " << world << " ranks, " << optimizer;
+        }
+        Tensor mine = Tensor::from_vector(stage3, {static_cast<std::int64_t>(stage3.size())});
+        Tensor all = Tensor::empty({mine.numel() * comm.size()}, DType::f64);
+        comm.allgather(mine, all);
+        const std::vector<double> every = all.to_double_vector();
+        for (int r = 1; r < comm.size(); ++r) {
+          EXPECT_TRUE(std::equal(stage3.begin(), stage3.end(), every.begin() + r * mine.numel())) << "rank " << r;
+        }
+      });
+    }
+  }
+}
+
+// Between steps a rank holds its pieces of the values (resident pages of the paged value
+// arena); while the engine walks the units, the gathered ones on top.
+TEST(Zero3, HoldsItsPiecesOfTheValues) {
+  comm::run_gloo_thread_group(4, [](Communicator& comm) {
+    UnitModel model(4, 64 * 1024 / 7);  // units of about 256 KiB
+    optim::Adam adam(model.registry, optim::Adam::Options{.lr = 1e-3});
+    dist::DataParallelOptions options{.shard_gradients = true};
+    options.units = model.units;
+    dist::DataParallel ddp(model.registry, comm, options);
+    dist::ZeroOptimizer zero(adam, ddp, {.stage = 3});
+    const Tensor& values = model.registry.arenas()[0].values;
+    const std::int64_t total = values.nbytes();
+    const std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * static_cast<std::int64_t>(model.units.size());
+    EXPECT_LE(testing::resident_bytes(values), total / comm.size() + slack) << "after construction";
+    for (int t = 0; t < 2; ++t) {
+      std::int64_t most = 0;
+      ddp.begin_backward();
+      for (std::size_t u = model.units.size(); u-- > 0;) {
+        zero.gather(u);
+        most = std::max(most, testing::resident_bytes(values));
+        for (Parameter* p : model.units[u]) {
+          ops::fill(p->grad_for_overwrite(), 1e-3);
+          model.registry.mark_ready(*p);
+        }
+        zero.release(u);
+      }
+      ddp.end_backward();
+      const std::int64_t largest_unit = static_cast<std::int64_t>(model.units[3][0]->numel() + 7) * 4;
+      EXPECT_LE(most, total / comm.size() + 2 * largest_unit + slack) << "step " << t;
+      zero.step();
+      zero.zero_grad();
+      EXPECT_LE(testing::resident_bytes(values), total / comm.size() + slack) << "step " << t;
+    }
+  });
+}
+
+// What the engine gets wrong is an error that names the parameter and its unit.
+TEST(Zero3, Errors) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    UnitModel model(2, 5);
+    auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
+    {
+      dist::DataParallel plain(model.registry, comm, {.shard_gradients = true});
+      EXPECT_GRADSYNC_ERROR(dist::ZeroOptimizer(*sgd, plain, {.stage = 3}), "stage 3", "units");
+    }
+    dist::DataParallelOptions no_sharding;
+    no_sharding.units = model.units;
+    EXPECT_GRADSYNC_ERROR(dist::DataParallel(model.registry, comm, no_sharding), "units", "shard_gradients");
+    dist::DataParallelOptions missing{.shard_gradients = true};
+    missing.units = {model.units[0], model.units[1]};
+    EXPECT_GRADSYNC_ERROR(dist::DataParallel(model.registry, comm, missing), "'head'", "no unit");
+    dist::DataParallelOptions twice{.shard_gradients = true};
+    twice.units = {model.units[0], model.units[1], model.units[2], {model.units[0][0]}};
+    EXPECT_GRADSYNC_ERROR(dist::DataParallel(model.registry, comm, twice), "'block0.weight'", "units 0 and 3");
+
+    dist::DataParallelOptions options{.shard_gradients = true};
+    options.units = model.units;
+    dist::DataParallel ddp(model.registry, comm, options);
+    dist::ZeroOptimizer zero(*sgd, ddp, {.stage = 3});
+    EXPECT_EQ(zero.unit_count(), 3u);
+    EXPECT_EQ(zero.unit_of(model.registry.at("block1.bias")), 1u);
+    Parameter& bias = model.registry.at("block1.bias");
+    EXPECT_GRADSYNC_ERROR((void)bias.value(), "'block1.bias'", "unit 1", "released", "gather(1)");
+    ddp.begin_backward();
+    bias.set_grad(Tensor::zeros({7}, DType::f32));
+    EXPECT_GRADSYNC_ERROR(model.registry.mark_ready(bias), "'block1.bias'", "unit 1", "gather(1)");
+    EXPECT_GRADSYNC_ERROR(zero.gather(3), "unit 3 of 3");
+    zero.gather(1);
+    zero.gather(1);  // already gathered: free
+    EXPECT_TRUE(zero.gathered(1));
+    EXPECT_EQ(bias.value().numel(), 7);
+    zero.release(1);
+    EXPECT_FALSE(zero.gathered(1));
+    EXPECT_TRUE(bias.value_released());
+  });
+}
+
 // Resharding: 3 steps on 4 ranks (stage 2), a consolidated checkpoint; 3 more steps on 2
 // ranks (stage 1) and on 3 ranks unsharded, each from that file, equal 6 uninterrupted steps.
 TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {

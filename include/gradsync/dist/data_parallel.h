@@ -61,6 +61,11 @@ struct DataParallelOptions {
   // unset: 2 with shard_gradients (ZeRO-2's working set: the full-size gradients of two buckets
   // in flight and of the one being written, beside the rank's pieces), no bound without.
   std::optional<std::size_t> max_buckets_in_flight{};
+  // ZeRO stage 3 (dist/zero.h): the engine's units, the parameters it uses together (a
+  // transformer block, say), each a run of neighbours in registration order; every trainable
+  // parameter in exactly one. Each unit becomes exactly one bucket, so that the pieces of a
+  // unit's values and of its gradients are the same elements. Needs shard_gradients.
+  std::vector<std::vector<Parameter*>> units{};
 };
 
 class SyncState;  // Composer's sync strategies' state (sync_strategy.h)

@@ -40,7 +40,11 @@
 namespace gradsync::dist {
 
 struct ZeroOptions {
-  int stage = 1;  // 1: optimizer state sharded; 2: gradients too (DataParallel's shard_gradients)
+  int stage = 1;  // 1: optimizer state sharded; 2: gradients too (DataParallel's shard_gradients);
+                  // 3: parameters too (DataParallel's shard_gradients and units)
+  // Stage 3: after the first step, gather(u) also launches the gather of the unit that came
+  // after u in the first step's order of gathers (FSDP2's replayed prefetch).
+  bool auto_prefetch = true;
 };
 
 class ZeroOptimizer : public Joinable {
@@ -75,6 +79,25 @@ class ZeroOptimizer : public Joinable {
   const std::vector<std::vector<optim::Optimizer::ElementRange>>& shard_ranges() const;
   // Bytes of optimizer state this rank holds now.
   std::int64_t state_bytes() const;
+
+  // --- Stage 3: parameters sharded. The units are DataParallelOptions::units (index u is the
+  // u-th declared). Between uses a rank holds only its pieces of each unit's values; the rest
+  // of the unit's memory is given back, and each member's value() is an error naming the unit.
+  // The engine, having no autograd hooks, says when it needs a unit:
+  //   zero.gather(u);   // the unit's values here (waits; free when already gathered)
+  //   ... forward (and backward) of unit u ...
+  //   zero.release(u);  // back to this rank's pieces (a gather in flight is waited for first)
+  // A unit's gradients are written while it is gathered, and reduce-scattered into the owned
+  // pieces as soon as they are all ready (stage 2's path). prefetch(u) launches a gather and
+  // returns; with auto_prefetch, gather() replays the first step's order. step() releases every
+  // unit, steps the owned pieces and gathers nothing. Collective: every rank gathers the same
+  // units in the same order (a gather on some ranks only fails at the timeout, naming the unit).
+  std::size_t unit_count() const;
+  std::size_t unit_of(const Parameter& parameter) const;
+  void gather(std::size_t unit);
+  void prefetch(std::size_t unit);
+  void release(std::size_t unit);
+  bool gathered(std::size_t unit) const;
 
   // --- Checkpoints. The consolidated state is exactly an unsharded optimizer's checkpoint
   // (Optimizer::state_tensors / state_metadata): every rank's pieces gathered (collective; the

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "gradsync/core/tensor.h"
@@ -58,6 +59,12 @@ class Parameter {
   // results into the buffer itself.
   void mark_grad_defined();
 
+  // Sharded parameters (ZeRO stage 3, dist/zero.h): while `why` is set, this rank does not hold
+  // the whole value, and value() is an error that names the parameter and says `why` (which
+  // unit to gather). Null: the value is here.
+  void set_value_released(std::shared_ptr<const std::string> why) { released_ = std::move(why); }
+  bool value_released() const { return released_ != nullptr; }
+
  private:
   friend class ParameterRegistry;
   Parameter(std::string name, Shape shape, DType dtype, DType grad_dtype, Device device, bool requires_grad,
@@ -78,6 +85,7 @@ class Parameter {
   Tensor value_;
   Tensor grad_;
   bool grad_defined_ = false;
+  std::shared_ptr<const std::string> released_;
 };
 
 }  // namespace gradsync
