@@ -233,7 +233,18 @@ struct ZeroOptimizer::Impl {
 
   void finish_gather(Unit& unit) {
     if (unit.state != UnitState::gathering) return;
-    wait(gathers[unit.bucket]);
+    try {
+      wait(gathers[unit.bucket]);
+    } catch (const std::exception& error) {
+      // The unit's values are not whole: it stays released, and the error says which gather.
+      unit.state = UnitState::released;
+      gathers[unit.bucket].staging = Tensor();
+      std::string cause = error.what();
+      const std::string own = "rank " + std::to_string(comm.rank()) + ": ";
+      if (cause.starts_with(own)) cause.erase(0, own.size());  // the rank is said once, in front
+      detail::throw_error("ZeRO-3 gather of unit ", &unit - units.data(), " ('", unit.members[0]->name(), "'",
+                          unit.members.size() > 1 ? ", ..." : "", ") failed: ", cause);
+    }
     // Stage 3 gathers a few units at a time: a unit's staging copy lives only while it travels
     // (stages 1 and 2 gather every bucket at once, so theirs stay).
     gathers[unit.bucket].staging = Tensor();

@@ -6,6 +6,8 @@
 //     zero1-gather          ZeRO-1: the last rank dies while the others gather updated parameters
 //     zero2-reduce-scatter  ZeRO-2: ... while the others reduce-scatter gradients in a backward
 //     zero2-gather          ZeRO-2: ... while the others gather updated parameters
+//     zero3-gather          ZeRO-3: ... while the others gather the units for their forward
+//     zero3-reduce-scatter  ZeRO-3: ... while the others reduce-scatter gradients in a backward
 //     join-shadow           rank 0 is out of data and shadows the others' steps in a Join; the
 //                           last rank dies in one of them
 //     duplicate             the last rank dies instead of duplicating the communicator (a new
@@ -73,6 +75,10 @@ int main(int argc, char** argv) {
       testing::zero_training_with_a_death(*comm, 2, true, victim, die);
     } else if (phase == "zero2-gather") {
       testing::zero_training_with_a_death(*comm, 2, false, victim, die);
+    } else if (phase == "zero3-gather") {
+      testing::zero_training_with_a_death(*comm, 3, false, victim, die);
+    } else if (phase == "zero3-reduce-scatter") {
+      testing::zero_training_with_a_death(*comm, 3, true, victim, die);
     } else if (phase == "join-shadow") {
       testing::join_training_with_a_death(*comm, victim, die);
     } else if (phase == "split") {

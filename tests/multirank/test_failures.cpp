@@ -350,7 +350,8 @@ TEST(DataParallelFailure, AutoCountsAWindowThatARankLeftByAnException) {
 // before the step (the others in its gathers): every other rank fails with an error naming a
 // lost peer, well before the timeout, instead of waiting on a collective that never completes.
 TEST(PeerDeath, DuringZeroReduceScattersAndGathersIsAnErrorOnEveryOtherRankNotAHang) {
-  for (const auto& [stage, in_backward] : {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}}) {
+  for (const auto& [stage, in_backward] :
+       {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}, std::pair{3, true}, std::pair{3, false}}) {
     const std::string where = "stage " + std::to_string(stage) + (in_backward ? ", in the backward" : ", in the step");
     PerRank survivors(3);
     const auto start = Clock::now();
@@ -374,6 +375,27 @@ TEST(PeerDeath, DuringZeroReduceScattersAndGathersIsAnErrorOnEveryOtherRankNotAH
       EXPECT_FALSE(survivors.message(rank).empty()) << where << ": rank " << rank << " did not fail";
       EXPECT_NE(survivors.message(rank).find("rank "), std::string::npos) << survivors.message(rank);
     }
+  }
+}
+
+// Stage 3's gathers name their unit: a survivor's error says which gather it was in.
+TEST(PeerDeath, DuringAStageThreeGatherTheErrorNamesTheUnit) {
+  PerRank survivors(3);
+  try {
+    comm::run_gloo_thread_group(
+        3,
+        [&](Communicator& comm) {
+          survivors.run(comm.rank(), [&] {
+            testing::zero_training_with_a_death(comm, 3, false, 2, [] { throw std::runtime_error("rank 2 died"); });
+          });
+          if (comm.rank() == 2) throw std::runtime_error(survivors.message(2));
+        },
+        {.timeout = 20000ms});
+  } catch (const std::runtime_error& error) {
+    EXPECT_STREQ(error.what(), "rank 2 died");
+  }
+  for (const int rank : {0, 1}) {
+    EXPECT_NE(survivors.message(rank).find("ZeRO-3 gather of unit 0"), std::string::npos) << survivors.message(rank);
   }
 }
 

@@ -14,10 +14,17 @@ void zero_training_with_a_death(comm::Communicator& comm, int stage, bool in_bac
                                 const std::function<void()>& die) {
   ShardModel model(DType::f32);
   auto adam = make_test_optimizer("adam", model.registry, zero_settings("adam"));
-  dist::DataParallel ddp(model.registry, comm, {.bucket_cap_mb = 1e-6, .shard_gradients = stage == 2});
+  dist::DataParallelOptions options{.bucket_cap_mb = 1e-6, .shard_gradients = stage >= 2};
+  const std::vector<Parameter*>& p = model.parameters;
+  if (stage == 3) options.units = {{p[0]}, {p[1], p[2]}, {p[3]}, {p[4]}};
+  dist::DataParallel ddp(model.registry, comm, options);
   dist::ZeroOptimizer zero(*adam, ddp, {.stage = stage});
   for (int step = 0; step < 3; ++step) {
     const bool dies_now = step == 2 && comm.rank() == victim;
+    if (stage == 3) {
+      if (dies_now && !in_backward) die();  // the others are in the gathers of the forward
+      for (std::size_t u = 0; u < zero.unit_count(); ++u) zero.gather(u);  // this small model stays gathered
+    }
     ddp.begin_backward();
     if (dies_now && in_backward) die();
     model.backward(comm.rank(), step, 0, nullptr);

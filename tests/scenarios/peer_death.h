@@ -10,9 +10,10 @@
 
 namespace gradsync::testing {
 
-// Three steps of DataParallel + ZeRO (`stage` 1 or 2) with Adam; at step 2 the victim dies
+// Three steps of DataParallel + ZeRO (`stage` 1, 2 or 3) with Adam; at step 2 the victim dies
 // right after its begin_backward (`in_backward`: the others are in the backward's
-// reduce-scatters) or after its end_backward (the others are in the step's gathers).
+// reduce-scatters) or after its end_backward (the others are in the step's gathers; stage 3:
+// before its forward, the others in the gathers of the units).
 void zero_training_with_a_death(comm::Communicator& comm, int stage, bool in_backward, int victim,
                                 const std::function<void()>& die);
 
