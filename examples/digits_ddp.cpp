@@ -26,6 +26,10 @@
 //      synchronized gradients are clipped to that global norm first. Each epoch prints the loss,
 //      the held-out accuracy, samples/s and the elapsed time (run_training in common/).
 //
+//   With --zero 3 the parameters are sharded too (dist/zero.h): each Linear is a unit, which
+//   the engine (ShardedLayers below) gathers before the layer's forward and backward and
+//   releases after them, since there is no autograd for gradsync to hook.
+//
 //   mpirun -np 2 build/examples/digits_ddp                    (scripts/run.sh does this)
 //   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo --microbatches 2 --sync-strategy forced
 //   build/examples/digits_ddp --help
@@ -82,6 +86,57 @@ void load_powersgd(dist::PowerSGDState& state, const io::SafetensorsReader& file
   if (!saved.empty()) state.load_state_dict(saved);
 }
 
+// ZeRO stage 3 in an engine without autograd: the model's layers, each Linear a unit whose
+// values are here only between gather and release. Forward: each unit gathered, used, released
+// (FSDP's reshard_after_forward), but for the last, which the backward uses at once; backward:
+// each unit gathered again, its gradients written and marked ready (ZeRO reduce-scatters them
+// as soon as the unit is complete), released. The first step's order of gathers is replayed
+// as prefetches from then on (ZeroOptions::auto_prefetch).
+class ShardedLayers final : public nn::Module {
+ public:
+  explicit ShardedLayers(std::shared_ptr<nn::Sequential> layers) : layers_(std::move(layers)) {
+    for (std::size_t i = 0; i < layers_->size(); ++i) {
+      auto* linear = dynamic_cast<nn::Linear*>(&(*layers_)[i]);
+      unit_of_layer_.push_back(linear != nullptr ? static_cast<int>(units_.size()) : -1);
+      if (linear != nullptr) units_.push_back({&linear->weight(), &linear->bias()});
+    }
+  }
+  const std::vector<std::vector<Parameter*>>& units() const { return units_; }
+  void attach(dist::ZeroOptimizer& zero) { zero_ = &zero; }
+  ParameterRegistry& registry() override { return layers_->registry(); }
+
+  Tensor forward(const Tensor& input) override {
+    Tensor x = input;
+    for (std::size_t i = 0; i < layers_->size(); ++i) {
+      gather(i);
+      x = (*layers_)[i].forward(x);
+      if (i + 1 < layers_->size()) release(i);
+    }
+    return x;
+  }
+  Tensor backward(const Tensor& grad_output) override {
+    Tensor g = grad_output;
+    for (std::size_t i = layers_->size(); i-- > 0;) {
+      gather(i);
+      g = (*layers_)[i].backward(g);
+      release(i);
+    }
+    return g;
+  }
+
+ private:
+  void gather(std::size_t layer) {
+    if (unit_of_layer_[layer] >= 0) zero_->gather(static_cast<std::size_t>(unit_of_layer_[layer]));
+  }
+  void release(std::size_t layer) {
+    if (unit_of_layer_[layer] >= 0) zero_->release(static_cast<std::size_t>(unit_of_layer_[layer]));
+  }
+  std::shared_ptr<nn::Sequential> layers_;
+  std::vector<std::vector<Parameter*>> units_;
+  std::vector<int> unit_of_layer_;  // -1: a layer without parameters
+  dist::ZeroOptimizer* zero_ = nullptr;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -89,7 +144,7 @@ int main(int argc, char** argv) try {
   if (flags.flag("--help")) {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
                 "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n"
-                "  --zero 0|1|2 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too)\n"
+                "  --zero 0|1|2|3 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too, 3 the parameters too)\n"
                 "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n",
                 examples::kCommonHelp);
     return 0;
@@ -103,7 +158,9 @@ int main(int argc, char** argv) try {
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   flags.finish();
-  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
+  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
+  GRADSYNC_CHECK(zero_stage < 3 || !options.uneven, "--zero 3 does not combine with --uneven yet: a joined rank would ",
+                 "have to shadow every gather and reduce-scatter of the others (docs/zero.md)");
   GRADSYNC_CHECK(zero_stage == 0 || !options.uneven || options.precision != "fp16", "--zero with --uneven does not ",
                  "combine with --precision fp16: a step the loss scaler skips would leave the joined ranks waiting for it ",
                  "(docs/zero.md)");
@@ -112,13 +169,22 @@ int main(int argc, char** argv) try {
   auto training = examples::prepare_training(options);
   std::optional<double> cap;
   if (bucket_cap_mb > 0) cap = bucket_cap_mb;
-  std::shared_ptr<nn::Module> model =
-      (cap || zero_stage > 0) && training->comm->size() > 1
-          ? std::make_shared<nn::DistributedDataParallel>(
-                training->model, *training->comm,
-                dist::DataParallelOptions{.bucket_cap_mb = cap, .find_unused_parameters = find_unused,
-                                          .shard_gradients = zero_stage == 2})
-          : nn::prepare_ddp_module(training->model, *training->comm, find_unused);
+  const bool sharded_parameters = zero_stage == 3 && training->comm->size() > 1;
+  std::shared_ptr<ShardedLayers> sharded_layers;
+  std::shared_ptr<nn::Module> model;
+  if (sharded_parameters) {  // one unit per Linear, one bucket per unit
+    sharded_layers = std::make_shared<ShardedLayers>(training->model);
+    dist::DataParallelOptions ddp_options{.find_unused_parameters = find_unused, .shard_gradients = true};
+    ddp_options.units = sharded_layers->units();
+    model = std::make_shared<nn::DistributedDataParallel>(sharded_layers, *training->comm, ddp_options);
+  } else if ((cap || zero_stage > 0) && training->comm->size() > 1) {
+    model = std::make_shared<nn::DistributedDataParallel>(
+        training->model, *training->comm,
+        dist::DataParallelOptions{.bucket_cap_mb = cap, .find_unused_parameters = find_unused,
+                                  .shard_gradients = zero_stage >= 2});
+  } else {
+    model = nn::prepare_ddp_module(training->model, *training->comm, find_unused);
+  }
   // DataParallel checks the model across ranks; the optimizer is ours to check (a rank started
   // with another --optimizer or --lr would otherwise train apart silently).
   dist::require_same_optimizer(*training->optimizer, *training->comm, "digits_ddp");
@@ -130,6 +196,15 @@ int main(int argc, char** argv) try {
     // A --resume checkpoint was loaded whole into the optimizer: sharding keeps this rank's pieces.
     zero = std::make_unique<dist::ZeroOptimizer>(*training->optimizer, ddp->data_parallel(),
                                                  dist::ZeroOptions{.stage = zero_stage});
+    if (sharded_layers) {
+      sharded_layers->attach(*zero);
+      training->evaluation_model = sharded_layers.get();
+      // Saving (and --check-replicas) reads every value: every unit gathered first; the next
+      // step releases them.
+      training->gather_model = [&] {
+        for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
+      };
+    }
     // --save writes the consolidated state: the same file an unsharded run writes and loads.
     training->optimizer_checkpoint = [&] {
       dist::ZeroOptimizer::State state = zero->consolidated_state();

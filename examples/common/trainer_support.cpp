@@ -252,6 +252,7 @@ OptimizerCheckpoint optimizer_checkpoint_of(Training& t) {
 // all but the two newest; the barrier makes it complete before any rank goes on. A kill at any
 // moment leaves `latest` naming a whole checkpoint.
 void checkpoint_into_folder(Training& t, const TrainerOptions& options) {
+  if (t.gather_model) t.gather_model();
   const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);
   if (t.comm->rank() == 0) {
     namespace fs = std::filesystem;
@@ -522,7 +523,8 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   comm::StragglerMonitor stragglers(comm);
   const auto start = Clock::now();
   bool stopped = false;
-  double accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
+  nn::Module& evaluated = t.evaluation_model != nullptr ? *t.evaluation_model : *t.model;
+  double accuracy = evaluate(evaluated, t.data, t.split.heldout, t.device);
   for (int epoch = t.progress.epoch; epoch < options.epochs && !stopped; ++epoch) {
     const auto epoch_start = Clock::now();
     const std::vector<std::int64_t> order =
@@ -585,7 +587,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
     comm.allreduce_host(totals, comm::ReduceOp::sum);
     const std::vector<double> sum = totals.to_double_vector();
     const double mean_loss = sum[1] > 0 ? sum[0] / sum[1] : 0.0;
-    accuracy = evaluate(*t.model, t.data, t.split.heldout, t.device);
+    accuracy = evaluate(evaluated, t.data, t.split.heldout, t.device);
     metrics.epoch(t.progress.global_step, epoch + 1, mean_loss, accuracy);
     if (rank == 0 && !options.quiet) {
       const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
@@ -594,6 +596,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
                   std::chrono::duration<double>(Clock::now() - start).count());
     }
   }
+  if (t.gather_model && (options.check_replicas || !options.save.empty())) t.gather_model();
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
   if (!options.checkpoint_dir.empty()) checkpoint_into_folder(t, options);
   if (!options.save.empty()) {

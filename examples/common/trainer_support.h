@@ -184,6 +184,12 @@ struct Training {
   // What --save writes for the optimizer, called on every rank (collective with ZeRO); unset:
   // the optimizer's own state.
   std::function<OptimizerCheckpoint()> optimizer_checkpoint;
+  // ZeRO stage 3, where a rank holds pieces of the parameters: `gather_model` makes every value
+  // whole on every rank (collective) before the run saves or compares them; `evaluation_model`
+  // is the module held-out evaluation runs, which gathers what it uses. Unset: nothing to gather,
+  // `model`.
+  std::function<void()> gather_model;
+  nn::Module* evaluation_model = nullptr;
   std::string resumed_from;  // the checkpoint this run resumed from (--resume or the folder's latest); empty: none
 
   // The factor the loss gradient is multiplied by before the backward (the loss scale).
