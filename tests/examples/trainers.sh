@@ -216,6 +216,8 @@ PY
       --min-accuracy 0.95 --check-replicas --quiet
     "${launch2[@]}" "$examples/digits_ddp" --backend gloo --zero 3 --precision bf16 --clip-norm 1 --epochs 20 \
       --min-accuracy 0.95 --check-replicas --quiet
+    "${launch2[@]}" "$examples/digits_ddp" --backend gloo --zero 3 --precision fp16 --epochs 20 \
+      --min-accuracy 0.95 --check-replicas --quiet  # the GradScaler: the finite check over the pieces
     "${launch2[@]}" "$examples/digits_ddp" --backend gloo "${common[@]}" --zero 3 --max-steps 40 \
       --save "$scratch/zero3.safetensors"
     "$compare" "$scratch/plain.safetensors" "$scratch/zero3.safetensors" 1e-5
