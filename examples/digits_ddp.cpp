@@ -27,8 +27,8 @@
 //      the held-out accuracy, samples/s and the elapsed time (run_training in common/).
 //
 //   With --zero 3 the parameters are sharded too (dist/zero.h): each Linear is a unit, which
-//   the engine (ShardedLayers below) gathers before the layer's forward and backward and
-//   releases after them, since there is no autograd for gradsync to hook.
+//   nn::ShardedSequential gathers before the layer's forward and backward and releases after
+//   them, since there is no autograd for gradsync to hook.
 //
 //   mpirun -np 2 build/examples/digits_ddp                    (scripts/run.sh does this)
 //   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo --microbatches 2 --sync-strategy forced
@@ -45,6 +45,7 @@
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/nn/loss.h"
+#include "gradsync/nn/sharded_sequential.h"
 #include "gradsync/optim/clip.h"
 
 using namespace gradsync;
@@ -86,57 +87,6 @@ void load_powersgd(dist::PowerSGDState& state, const io::SafetensorsReader& file
   if (!saved.empty()) state.load_state_dict(saved);
 }
 
-// ZeRO stage 3 in an engine without autograd: the model's layers, each Linear a unit whose
-// values are here only between gather and release. Forward: each unit gathered, used, released
-// (FSDP's reshard_after_forward), but for the last, which the backward uses at once; backward:
-// each unit gathered again, its gradients written and marked ready (ZeRO reduce-scatters them
-// as soon as the unit is complete), released. The first step's order of gathers is replayed
-// as prefetches from then on (ZeroOptions::auto_prefetch).
-class ShardedLayers final : public nn::Module {
- public:
-  explicit ShardedLayers(std::shared_ptr<nn::Sequential> layers) : layers_(std::move(layers)) {
-    for (std::size_t i = 0; i < layers_->size(); ++i) {
-      auto* linear = dynamic_cast<nn::Linear*>(&(*layers_)[i]);
-      unit_of_layer_.push_back(linear != nullptr ? static_cast<int>(units_.size()) : -1);
-      if (linear != nullptr) units_.push_back({&linear->weight(), &linear->bias()});
-    }
-  }
-  const std::vector<std::vector<Parameter*>>& units() const { return units_; }
-  void attach(dist::ZeroOptimizer& zero) { zero_ = &zero; }
-  ParameterRegistry& registry() override { return layers_->registry(); }
-
-  Tensor forward(const Tensor& input) override {
-    Tensor x = input;
-    for (std::size_t i = 0; i < layers_->size(); ++i) {
-      gather(i);
-      x = (*layers_)[i].forward(x);
-      if (i + 1 < layers_->size()) release(i);
-    }
-    return x;
-  }
-  Tensor backward(const Tensor& grad_output) override {
-    Tensor g = grad_output;
-    for (std::size_t i = layers_->size(); i-- > 0;) {
-      gather(i);
-      g = (*layers_)[i].backward(g);
-      release(i);
-    }
-    return g;
-  }
-
- private:
-  void gather(std::size_t layer) {
-    if (unit_of_layer_[layer] >= 0) zero_->gather(static_cast<std::size_t>(unit_of_layer_[layer]));
-  }
-  void release(std::size_t layer) {
-    if (unit_of_layer_[layer] >= 0) zero_->release(static_cast<std::size_t>(unit_of_layer_[layer]));
-  }
-  std::shared_ptr<nn::Sequential> layers_;
-  std::vector<std::vector<Parameter*>> units_;
-  std::vector<int> unit_of_layer_;  // -1: a layer without parameters
-  dist::ZeroOptimizer* zero_ = nullptr;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -170,10 +120,10 @@ int main(int argc, char** argv) try {
   std::optional<double> cap;
   if (bucket_cap_mb > 0) cap = bucket_cap_mb;
   const bool sharded_parameters = zero_stage == 3 && training->comm->size() > 1;
-  std::shared_ptr<ShardedLayers> sharded_layers;
+  std::shared_ptr<nn::ShardedSequential> sharded_layers;
   std::shared_ptr<nn::Module> model;
   if (sharded_parameters) {  // one unit per Linear, one bucket per unit
-    sharded_layers = std::make_shared<ShardedLayers>(training->model);
+    sharded_layers = std::make_shared<nn::ShardedSequential>(training->model);
     dist::DataParallelOptions ddp_options{.find_unused_parameters = find_unused, .shard_gradients = true};
     ddp_options.units = sharded_layers->units();
     model = std::make_shared<nn::DistributedDataParallel>(sharded_layers, *training->comm, ddp_options);
@@ -201,9 +151,7 @@ int main(int argc, char** argv) try {
       training->evaluation_model = sharded_layers.get();
       // Saving (and --check-replicas) reads every value: every unit gathered first; the next
       // step releases them.
-      training->gather_model = [&] {
-        for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
-      };
+      training->gather_model = [&] { sharded_layers->gather_all(); };
     }
     // --save writes the consolidated state: the same file an unsharded run writes and loads.
     training->optimizer_checkpoint = [&] {
