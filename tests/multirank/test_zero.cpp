@@ -22,6 +22,9 @@
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/kernels/ops.h"
+#include "gradsync/nn/sharded_sequential.h"
+#include "gradsync/nn/data_parallel_module.h"
+#include "gradsync/nn/loss.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/sgd.h"
@@ -350,6 +353,66 @@ TEST(Zero3, MatchesStageTwoBitwiseAndUnshardedClosely) {
         const std::vector<double> every = all.to_double_vector();
         for (int r = 1; r < comm.size(); ++r) {
           EXPECT_TRUE(std::equal(stage3.begin(), stage3.end(), every.begin() + r * mine.numel())) << "rank " << r << ", " << where;
+        }
+      });
+    }
+  }
+}
+
+// Against PyTorch FSDP2 (tests/reference/generate_fsdp_fixtures.py: fully_shard per Linear and
+// the root, reshard_after_forward, f32, gloo): an MLP trained 6 steps by nn::ShardedSequential
+// under stage 3, from the same initial weights on the same batches. Every rank's loss per step
+// within 1e-6 relative (measured: 1.5e-7; torch's loss is an f32) and the final weights within
+// 1e-6 of each tensor's largest magnitude (measured: 2.5e-7; FSDP2 shards each parameter by rows
+// and reduces in its own order, and the update is element-wise).
+TEST(Zero3, MatchesPyTorchFSDP2) {
+  const io::SafetensorsReader fixture(testing::fixture_path("zero3_fsdp2.safetensors"));
+  const nlohmann::json settings = nlohmann::json::parse(fixture.metadata().at("settings"));
+  const int steps = std::stoi(fixture.metadata().at("steps"));
+  for (const int world : {2, 3}) {
+    for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+      const std::string where = std::to_string(world) + " ranks, " + optimizer;
+      comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+        ParameterRegistry registry;
+        auto layers = std::make_shared<nn::Sequential>(registry);
+        layers->add<nn::Linear>("0", 8, 16);
+        layers->add<nn::ReLU>();
+        layers->add<nn::Linear>("2", 16, 16);
+        layers->add<nn::ReLU>();
+        layers->add<nn::Linear>("4", 16, 4);
+        registry.finalize();
+        for (Parameter& p : registry) p.value().copy_from(fixture.read("init." + p.name()));
+        optim::Hyperparameters hyperparameters;
+        for (const auto& [key, value] : settings.at(optimizer).items()) hyperparameters[key] = value.get<double>();
+        auto opt = testing::make_test_optimizer(optimizer, registry, hyperparameters);
+        auto sharded = std::make_shared<nn::ShardedSequential>(layers);
+        dist::DataParallelOptions options{.shard_gradients = true};
+        options.units = sharded->units();
+        nn::DistributedDataParallel model(sharded, comm, options);
+        dist::ZeroOptimizer zero(*opt, model.data_parallel(), {.stage = 3});
+        sharded->attach(zero);
+        const std::vector<double> expected_losses =
+            fixture.read("w" + std::to_string(world) + "." + optimizer + ".rank" + std::to_string(comm.rank()) + ".losses")
+                .to_double_vector();
+        for (int step = 0; step < steps; ++step) {
+          const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(comm.rank());
+          const nn::LossResult loss = nn::softmax_cross_entropy(model.forward(fixture.read(batch + ".x")), fixture.read(batch + ".y"));
+          model.backward(loss.grad);
+          zero.step();
+          zero.zero_grad();
+          EXPECT_NEAR(loss.loss, expected_losses[static_cast<std::size_t>(step)], 1e-6 * std::abs(expected_losses[static_cast<std::size_t>(step)]))
+              << "step " << step << ", rank " << comm.rank() << ", " << where;
+        }
+        sharded->gather_all();
+        for (Parameter& p : registry) {
+          const std::vector<double> expected =
+              fixture.read("w" + std::to_string(world) + "." + optimizer + ".final." + p.name()).to_double_vector();
+          const std::vector<double> got = p.value().to_double_vector();
+          double largest = 0;
+          for (const double v : expected) largest = std::max(largest, std::abs(v));
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            ASSERT_NEAR(got[i], expected[i], 1e-6 * largest) << p.name() << "[" << i << "], " << where;
+          }
         }
       });
     }

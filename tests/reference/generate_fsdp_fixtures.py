@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Generates tests/fixtures/zero3_fsdp2.safetensors: PyTorch FSDP2 (fully_shard) training, for
+tests/multirank/test_zero.cpp (Zero3.MatchesPyTorchFSDP2).
+
+W gloo processes train an MLP (Linear(8, 16), ReLU, Linear(16, 16), ReLU, Linear(16, 4); names
+"0.weight" ... "4.bias", torch.nn.Sequential's) with softmax cross-entropy, each Linear its own
+FSDP2 unit (fully_shard per layer, then the root; reshard_after_forward=True, the default), f32,
+for STEPS steps. Each rank's batch at each step is drawn from a generator seeded by the step and
+the rank, and recorded, as are the initial weights, every rank's loss per step and the final
+weights. Cases: worlds 2 and 3 (3 does not divide every dimension: FSDP2 pads) x SGD (momentum,
+weight decay), Adam, AdamW.
+
+Needs a current torch (2.x) and safetensors from PyPI:
+    python3 -m venv /tmp/torch && /tmp/torch/bin/pip install torch safetensors numpy
+    /tmp/torch/bin/python tests/reference/generate_fsdp_fixtures.py
+"""
+import json
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import save_file
+from torch.distributed.fsdp import fully_shard
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "zero3_fsdp2.safetensors")
+STEPS = 6
+BATCH = 6  # per rank
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.05),
+}
+SETTINGS = {  # the same hyperparameters, for the C++ side
+    "sgd": {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3},
+    "adam": {"lr": 0.01},
+    "adamw": {"lr": 0.01, "weight_decay": 0.05},
+}
+
+
+def model():
+    torch.manual_seed(2024)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4))
+
+
+def batch(step, rank):
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH, 8, generator=generator)
+    y = torch.randint(0, 4, (BATCH,), generator=generator)
+    return x, y
+
+
+def worker(rank, world, optimizer_name, store_path, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    net = model()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    optimizer = OPTIMIZERS[optimizer_name](net.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step, rank)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    final = {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
+    results[rank] = (losses, final)
+    dist.destroy_process_group()
+
+
+def main():
+    tensors = {f"init.{name}": p.detach().clone() for name, p in model().named_parameters()}
+    for world in (2, 3):
+        for step in range(STEPS):
+            for rank in range(world):
+                x, y = batch(step, rank)
+                tensors[f"data.step{step}.rank{rank}.x"] = x
+                tensors[f"data.step{step}.rank{rank}.y"] = y
+        for name in OPTIMIZERS:
+            with tempfile.TemporaryDirectory() as folder:
+                manager = mp.Manager()
+                results = manager.dict()
+                mp.spawn(worker, args=(world, name, os.path.join(folder, "store"), results), nprocs=world)
+                for rank in range(world):
+                    losses, final = results[rank]
+                    tensors[f"w{world}.{name}.rank{rank}.losses"] = torch.tensor(losses, dtype=torch.float64)
+                for pname, value in results[0][1].items():
+                    tensors[f"w{world}.{name}.final.{pname}"] = value
+    meta = {"steps": str(STEPS), "batch": str(BATCH), "settings": json.dumps(SETTINGS), "torch": torch.__version__}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, OUT, metadata=meta)
+    print(f"wrote {OUT}: {len(tensors)} tensors")
+
+
+if __name__ == "__main__":
+    main()
