@@ -92,6 +92,8 @@ class ZeroOptimizer : public Joinable {
   // returns; with auto_prefetch, gather() replays the first step's order. step() releases every
   // unit, steps the owned pieces and gathers nothing. Collective: every rank gathers the same
   // units in the same order (a gather on some ranks only fails at the timeout, naming the unit).
+  // The model's values are whole only while every unit is gathered: gather them all before
+  // saving the model or before this ZeroOptimizer goes (released units stay released).
   std::size_t unit_count() const;
   std::size_t unit_of(const Parameter& parameter) const;
   void gather(std::size_t unit);
