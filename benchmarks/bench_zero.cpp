@@ -17,7 +17,10 @@
 //   --forward-ms MS            each step begins with a forward sleeping MS in all (the CPU free,
 //                              as while a GPU computes), layer by layer; stages 1 and 2 then use
 //                              step_async and wait_for(layer) before each layer's forward, so the
-//                              parameter gathers travel behind the next forward
+//                              parameter gathers travel behind the next forward; stage 3's
+//                              gathers travel behind the previous layer's forward (or backward)
+//   --backward-ms MS           the backward's compute, layer by layer (default: twice the
+//                              forward, as a real layer's backward costs)
 //
 //   mpirun -np 4 build/benchmarks/bench_zero
 //   benchmarks/compare_zero.sh 4
@@ -47,7 +50,13 @@ struct Result {
   std::int64_t bucket_bytes = 0;  // the largest bucket
 };
 
-Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps, double forward_ms) {
+// A layer's simulated compute: the CPU free, as while a GPU computes.
+void compute(double ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
+
+Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps, double forward_ms,
+                 double backward_ms) {
   ParameterRegistry registry;
   for (int layer = 0; layer < layers; ++layer) registry.add("layer" + std::to_string(layer), {elements});
   registry.finalize();
@@ -65,7 +74,9 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
     const auto start = Clock::now();
     // Stage 3: each layer gathered for its forward and released after it (the gathers of the
     // next layers replayed behind it from the second step: auto prefetch), gathered again for
-    // its backward.
+    // its backward; the last layer stays gathered from its forward to its backward (as FSDP2's
+    // root module: its backward comes next).
+    const std::size_t last = registry.size() - 1;
     if (forward_ms > 0 || stage == 3) {
       for (std::size_t layer = 0; layer < registry.size(); ++layer) {
         if (stage == 3) {
@@ -73,13 +84,14 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
         } else if (zero) {
           zero->wait_for(registry[layer]);  // this layer's parameters have arrived
         }
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms / static_cast<double>(layers)));
-        if (stage == 3) zero->release(layer);
+        compute(forward_ms / static_cast<double>(layers));
+        if (stage == 3 && layer != last) zero->release(layer);
       }
     }
     ddp.begin_backward();
     for (std::size_t layer = registry.size(); layer-- > 0;) {
       if (stage == 3) zero->gather(layer);
+      compute(backward_ms / static_cast<double>(layers));
       ops::fill(registry[layer].grad_for_overwrite(), 1e-3 * static_cast<double>(layer + 1));
       registry.mark_ready(registry[layer]);
       if (stage == 3) zero->release(layer);
@@ -114,21 +126,23 @@ double peak_rss_mib() {
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_zero [--backend auto|mpi|gloo] [--layers N] [--layer-elements N] [--steps N]\n"
-                           "           [--memory STAGE]\n"
+                           "           [--memory STAGE] [--forward-ms MS [--backward-ms MS]]\n"
                            "  ZeRO stages 0-3: optimizer state per rank, step time (or, with --memory, one stage's\n"
                            "  peak RSS); run on several ranks (mpirun -np 4 ...)",
-                           {"--backend", "--layers", "--layer-elements", "--steps", "--memory", "--forward-ms"}, {});
+                           {"--backend", "--layers", "--layer-elements", "--steps", "--memory", "--forward-ms",
+                            "--backward-ms"}, {});
   auto comm = comm::connect(flags.text("--backend", "auto"));
   const int layers = static_cast<int>(flags.integer("--layers", 24));
   const std::int64_t elements = flags.integer("--layer-elements", 1 << 20);
   const int steps = static_cast<int>(flags.integer("--steps", 5));
   const int memory_stage = static_cast<int>(flags.integer("--memory", -1));
   const double forward_ms = flags.number("--forward-ms", 0.0);
+  const double backward_ms = flags.number("--backward-ms", 2 * forward_ms);
   const double total_mib = static_cast<double>(layers * elements) * 4 / (1 << 20);
   const int world = comm->size();
 
   if (memory_stage >= 0) {
-    const Result r = run_stage(*comm, layers, elements, memory_stage, 2, 0.0);
+    const Result r = run_stage(*comm, layers, elements, memory_stage, 2, 0.0, 0.0);
     Tensor rss = Tensor::from_vector(std::vector<double>{peak_rss_mib()}, {1});
     comm->allreduce_host(rss, comm::ReduceOp::max);
     if (comm->rank() == 0) {
@@ -153,14 +167,16 @@ int main(int argc, char** argv) try {
   all = Tensor();
 
   Result results[4];
-  for (int stage = 0; stage < 4; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms);
+  for (int stage = 0; stage < 4; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms, backward_ms);
   if (comm->rank() == 0) {
     std::printf("%s, %d ranks: %d layers x %lld f32 = %.1fM parameters (%.0f MiB), Adam; one allreduce of every "
                 "gradient %.1f ms%s\n",
                 comm->backend(), world, layers, static_cast<long long>(elements),
                 static_cast<double>(layers * elements) / 1e6, total_mib, allreduce * 1e3,
-                forward_ms > 0 ? ("; a " + std::to_string(static_cast<int>(forward_ms)) +
-                                  " ms forward per step, the gathers behind it").c_str()
+                forward_ms > 0 ? ("; a " + std::to_string(static_cast<int>(forward_ms)) + " ms forward and a " +
+                                  std::to_string(static_cast<int>(backward_ms)) +
+                                  " ms backward per step, the gathers behind them")
+                                     .c_str()
                                : "");
     std::printf("%-8s %16s %26s %10s %14s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
                 "vs stage 0");

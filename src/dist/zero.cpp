@@ -30,7 +30,8 @@ struct ZeroOptimizer::Impl {
     std::size_t arena = 0;
     std::int64_t begin = 0;  // the bucket's first element in the arena
     BucketShard shard;
-    Tensor staging;  // this rank's piece (the input must not alias the output)
+    Tensor staging;  // this rank's piece (the input must not alias the output); stage 3: a
+                     // buffer of the staging pool, at least the piece's size
     comm::WorkHandle work;
   };
   std::vector<Gather> gathers;  // by bucket index
@@ -45,6 +46,11 @@ struct ZeroOptimizer::Impl {
   };
   std::vector<Unit> units;
   std::vector<std::size_t> unit_of_bucket;
+  // Stage 3's staging buffers, each the size of the largest piece, kept for the next unit's
+  // gather: there are only as many as gathers in flight at once (two with auto prefetch), and
+  // a fresh buffer per gather would cost its page faults on the caller's thread each time.
+  std::vector<Tensor> staging_pool;
+  std::int64_t largest_piece = 0;
   // Auto prefetch: the first step's order of gathers, replayed from a cursor in later steps.
   std::vector<std::size_t> recorded_order;
   bool recording = true;
@@ -194,6 +200,7 @@ struct ZeroOptimizer::Impl {
   void build_units() {
     const auto& declared = ddp->options().units;
     unit_of_bucket.assign(reducer.bucket_count(), 0);
+    for (const Gather& gather : gathers) largest_piece = std::max(largest_piece, gather.shard.count);
     for (std::size_t u = 0; u < declared.size(); ++u) {
       Unit unit;
       unit.bucket = reducer.bucket_of(*declared[u][0]);
@@ -238,16 +245,16 @@ struct ZeroOptimizer::Impl {
     } catch (const std::exception& error) {
       // The unit's values are not whole: it stays released, and the error says which gather.
       unit.state = UnitState::released;
-      gathers[unit.bucket].staging = Tensor();
+      gathers[unit.bucket].staging = Tensor();  // the failed gather may still hold it: not pooled
       std::string cause = error.what();
       const std::string own = "rank " + std::to_string(comm.rank()) + ": ";
       if (cause.starts_with(own)) cause.erase(0, own.size());  // the rank is said once, in front
       detail::throw_error("ZeRO-3 gather of unit ", &unit - units.data(), " ('", unit.members[0]->name(), "'",
                           unit.members.size() > 1 ? ", ..." : "", ") failed: ", cause);
     }
-    // Stage 3 gathers a few units at a time: a unit's staging copy lives only while it travels
+    // Stage 3 gathers a few units at a time: a unit's staging buffer goes back to the pool
     // (stages 1 and 2 gather every bucket at once, so theirs stay).
-    gathers[unit.bucket].staging = Tensor();
+    staging_pool.push_back(std::move(gathers[unit.bucket].staging));
     for (Parameter* member : unit.members) member->set_value_released(nullptr);
     unit.state = UnitState::gathered;
   }
@@ -306,13 +313,12 @@ struct ZeroOptimizer::Impl {
     const Arena& arena = registry().arenas()[gather.arena];
     Tensor values = arena.values;  // shares the arena's storage
     if (!gather.staging.defined()) {
-      // Stage 3's staging lives while its unit travels: paged memory of its own (the Reducer's
-      // transient_or_kept says why), kept by stages 1 and 2.
-      gather.staging = options.stage == 3 ? Tensor::zeros_paged({gather.shard.count}, arena.dtype, arena.device)
+      gather.staging = options.stage == 3 ? pooled_staging(arena)
                                           : Tensor::empty({gather.shard.count}, arena.dtype, arena.device);
     }
+    Tensor piece = gather.staging.view(0, {gather.shard.count});
     if (gather.shard.count > 0) {
-      gather.staging.copy_from(values.view(static_cast<std::size_t>(gather.begin + gather.shard.begin), {gather.shard.count}));
+      piece.copy_from(values.view(static_cast<std::size_t>(gather.begin + gather.shard.begin), {gather.shard.count}));
     }
     std::int64_t numel = 0;
     for (const std::int64_t count : gather.shard.counts) numel += count;
@@ -321,7 +327,20 @@ struct ZeroOptimizer::Impl {
     const comm::OperationLabel label(
         options.stage == 3 ? "ZeRO-3 gather of unit " + std::to_string(unit_of_bucket[static_cast<std::size_t>(&gather - gathers.data())])
                            : "ZeRO gather: arena " + std::to_string(gather.arena) + " from element " + std::to_string(gather.begin));
-    gather.work = comm.allgatherv_async(gather.staging, target, gather.shard.counts);
+    gather.work = comm.allgatherv_async(piece, target, gather.shard.counts);
+  }
+
+  // A stage-3 staging buffer for the arena's dtype and device: one from the pool, or a new one
+  // the size of the largest piece (paged: a pool that is dropped gives its pages back).
+  Tensor pooled_staging(const Arena& arena) {
+    for (auto it = staging_pool.begin(); it != staging_pool.end(); ++it) {
+      if (it->dtype() == arena.dtype && it->device() == arena.device) {
+        Tensor buffer = std::move(*it);
+        staging_pool.erase(it);
+        return buffer;
+      }
+    }
+    return Tensor::zeros_paged({largest_piece}, arena.dtype, arena.device);
   }
 
   void wait(Gather& gather) {
