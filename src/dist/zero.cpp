@@ -459,6 +459,9 @@ void ZeroOptimizer::save_sharded(const std::filesystem::path& folder) {
 
 void ZeroOptimizer::load_sharded(const std::filesystem::path& folder, bool reshard) {
   impl_->wait_all();
+  // Stage 3: the set holds this rank's pieces of the values; a gathered unit's other pieces
+  // would be stale after them.
+  for (Impl::Unit& unit : impl_->units) impl_->release_unit(unit);
   dist::load_sharded(impl_->optimizer, impl_->comm, impl_->layout, folder, reshard);
 }
 

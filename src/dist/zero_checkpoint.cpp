@@ -94,6 +94,57 @@ void assemble(const optim::Optimizer& optimizer, const ShardLayout& layout, cons
   metadata["optimizer.present_elsewhere"] = elsewhere.dump();
 }
 
+// This rank's pieces of an arena's values, packed in the order of its ranges (as shard_state
+// packs the optimizer's buffers).
+Tensor owned_values(const optim::Optimizer& optimizer, const ShardLayout& layout, std::size_t arena) {
+  const Arena& source = optimizer.registry().arenas()[arena];
+  std::int64_t count = 0;
+  for (const auto& range : layout.ranges[arena]) count += range.end - range.begin;
+  Tensor packed = Tensor::empty({count}, source.dtype);
+  std::int64_t at = 0;
+  for (const auto& range : layout.ranges[arena]) {
+    packed.view(static_cast<std::size_t>(at), {range.end - range.begin})
+        .copy_from(source.values.view(static_cast<std::size_t>(range.begin), {range.end - range.begin}));
+    at += range.end - range.begin;
+  }
+  return packed;
+}
+
+// The values a stage-3 set holds, read for the arenas: at stage 3 this rank's ranges, below it
+// every range of the set (the values are whole there). Read before anything is loaded (a read
+// that fails leaves the model as it was); copied in by apply_values once the state is in.
+struct ValuesRun {
+  std::size_t arena;
+  std::int64_t begin;
+  Tensor data;
+};
+std::vector<ValuesRun> read_values(const ShardLayout& layout, const std::vector<zero_set::Piece>& pieces) {
+  std::vector<ValuesRun> runs;
+  for (const zero_set::Piece& piece : pieces) {
+    std::map<std::size_t, Tensor> saved;  // arena -> the piece's packed values, read once
+    for (const zero_set::PieceRange& range : piece.ranges) {
+      const auto take = [&](std::int64_t lo, std::int64_t hi) {
+        if (lo >= hi) return;
+        Tensor& data = saved[range.arena];
+        if (!data.defined()) data = piece.file->read(zero_set::values_key(range.arena));
+        runs.push_back({range.arena, lo, data.view(static_cast<std::size_t>(range.packed + (lo - range.begin)), {hi - lo})});
+      };
+      if (layout.stage < 3) {
+        take(range.begin, range.end);
+        continue;
+      }
+      for (const auto& mine : layout.ranges[range.arena]) take(std::max(range.begin, mine.begin), std::min(range.end, mine.end));
+    }
+  }
+  return runs;
+}
+
+void apply_values(optim::Optimizer& optimizer, const std::vector<ValuesRun>& runs) {
+  for (const ValuesRun& run : runs) {
+    optimizer.registry().arenas()[run.arena].values.view(static_cast<std::size_t>(run.begin), {run.data.numel()}).copy_from(run.data);
+  }
+}
+
 }  // namespace
 
 ZeroOptimizer::State consolidated_state(optim::Optimizer& optimizer, comm::Communicator& comm, const ShardLayout& layout) {
@@ -203,6 +254,8 @@ void save_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
           const Tensor mine = optimizer.shard_state(a, b);
           if (mine.defined() && mine.numel() > 0) tensors.push_back({zero_set::shard_key(a, b), mine});
         }
+        // Stage 3: no rank holds the values whole, so the set holds each rank's pieces of them.
+        if (layout.stage == 3 && !layout.ranges[a].empty()) tensors.push_back({zero_set::values_key(a), owned_values(optimizer, layout, a)});
       }
       json present = json::object();
       for (const Parameter& parameter : optimizer.registry()) {
@@ -278,9 +331,12 @@ void load_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
     }
     same_layout = manifest.world == comm.size() && saved == mine;
   });
-  // Every rank decides alike: resharding needed anywhere is resharding needed.
-  if (any_rank(comm, !same_layout)) {
-    GRADSYNC_CHECK(reshard, what, ": the set ", manifest.set, " was saved by ", manifest.world, " rank(s)",
+  // Every rank decides alike: resharding needed anywhere is resharding needed. A stage-3 set's
+  // values loaded below stage 3 are needed whole: every piece is read then too.
+  const bool values_whole = manifest.stage == 3 && layout.stage < 3;
+  const bool other_layout = any_rank(comm, !same_layout);
+  if (other_layout || values_whole) {
+    GRADSYNC_CHECK(reshard || !other_layout, what, ": the set ", manifest.set, " was saved by ", manifest.world, " rank(s)",
                    manifest.world == comm.size() ? " with other buckets" : "", ", this run has ", comm.size(),
                    "; load_sharded(folder, /*reshard=*/true) reads each rank's pieces from every file");
     pieces.clear();
@@ -294,12 +350,16 @@ void load_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
 
   std::vector<io::NamedTensor> tensors;
   io::Metadata metadata;
+  std::vector<ValuesRun> values;
   const std::string origin = "the sharded checkpoint " + (folder / manifest.set).string();
   comm::agree(comm, what, [&] {
     assemble(optimizer, layout, pieces, tensors, metadata);
     optimizer.check_state(tensors, metadata, origin);
+    // Sets of stages 1 and 2 hold no values: the model comes from its own file, loaded before.
+    if (manifest.stage == 3) values = read_values(layout, pieces);
   });
   optimizer.load_state(tensors, metadata, origin);
+  apply_values(optimizer, values);
 }
 
 }  // namespace gradsync::dist

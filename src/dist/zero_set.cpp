@@ -67,6 +67,8 @@ std::string shard_key(std::size_t arena, std::size_t buffer) {
   return "zero.shard." + std::to_string(arena) + "." + std::to_string(buffer);
 }
 
+std::string values_key(std::size_t arena) { return "zero.values." + std::to_string(arena); }
+
 std::string manifest_text(const Manifest& manifest) {
   json pieces = json::array();
   for (std::size_t rank = 0; rank < manifest.pieces.size(); ++rank) {
@@ -210,10 +212,19 @@ Piece open_piece(const std::filesystem::path& folder, const Manifest& manifest, 
     packed[arena] += end - begin;
   }
 
-  // Its tensors: state buffers of the arenas it has ranges in, each holding those ranges.
+  // Its tensors: state buffers of the arenas it has ranges in, each holding those ranges; at
+  // stage 3 also the values of those ranges (no rank holds them whole).
   const std::size_t buffers = optimizer.state_buffer_names().size();
   std::size_t expected = 0;
   for (const auto& [arena, count] : packed) {
+    if (manifest.stage == 3) {
+      const io::TensorInfo* values = piece.file->find(values_key(arena));
+      GRADSYNC_CHECK(values != nullptr, where, ": no '", values_key(arena), "' (a stage-3 piece holds the values of its ranges)");
+      GRADSYNC_CHECK(values->dtype == arenas[arena].dtype && values->shape == Shape{count}, where, ": '", values->name,
+                     "' is ", values->dtype_label(), shape_str(values->shape), ", its ranges need ",
+                     dtype_name(arenas[arena].dtype), shape_str(Shape{count}));
+      ++expected;
+    }
     for (std::size_t b = 0; b < buffers; ++b) {
       const io::TensorInfo* tensor = piece.file->find(shard_key(arena, b));
       if (tensor == nullptr) continue;  // a buffer no parameter of this arena has yet
@@ -224,7 +235,7 @@ Piece open_piece(const std::filesystem::path& folder, const Manifest& manifest, 
     }
   }
   GRADSYNC_CHECK(piece.file->tensors().size() == expected, where, " holds ", piece.file->tensors().size() - expected,
-                 " tensor(s) that are not state buffers of its ranges");
+                 " tensor(s) that are not state buffers (or values) of its ranges");
   return piece;
 }
 

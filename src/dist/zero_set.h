@@ -46,6 +46,7 @@ inline constexpr std::int64_t kMaxWorld = std::int64_t{1} << 20;
 
 std::string piece_file(int rank);                                  // "rank<R>.safetensors"
 std::string shard_key(std::size_t arena, std::size_t buffer);      // "zero.shard.<arena>.<buffer>"
+std::string values_key(std::size_t arena);                          // "zero.values.<arena>": stage 3's values
 std::string manifest_text(const Manifest& manifest);               // the JSON rank 0 writes
 
 // Reads folder/manifest.json: every field present, of its type and in range (a world of
@@ -71,7 +72,7 @@ struct Piece {
 // Opens piece `rank` of the set the manifest names and checks it against the manifest and
 // `optimizer`: that it is that set's piece for that rank and world, its ranges lie inside the
 // optimizer's arenas without overlapping, its tensors are the state buffers of those ranges in
-// the state dtype; with `verify_bytes`, also its size and checksum (a read of the whole file).
+// the state dtype (and, saved at stage 3, the values of those ranges in the arena's dtype); with `verify_bytes`, also its size and checksum (a read of the whole file).
 // Every error names the file and what is wrong.
 Piece open_piece(const std::filesystem::path& folder, const Manifest& manifest, int rank,
                  const optim::Optimizer& optimizer, bool verify_bytes);

@@ -496,6 +496,113 @@ TEST(Zero3, Errors) {
   });
 }
 
+// One stage-3 step of a UnitModel (forward gathers, backward gathers again, writes, releases).
+void unit_step(Communicator& comm, UnitModel& model, dist::DataParallel& ddp, dist::ZeroOptimizer& zero, int t) {
+  const std::size_t n = model.units.size();
+  for (std::size_t u = 0; u < n; ++u) {
+    zero.gather(u);
+    if (u + 1 < n) zero.release(u);
+  }
+  ddp.begin_backward();
+  for (std::size_t u = n; u-- > 0;) {
+    zero.gather(u);
+    for (auto it = model.units[u].rbegin(); it != model.units[u].rend(); ++it) {
+      model.add_gradient(**it, comm.rank(), comm.size(), t);
+      model.registry.mark_ready(**it);
+    }
+    zero.release(u);
+  }
+  ddp.end_backward();
+  zero.step();
+  zero.zero_grad();
+}
+
+// Every value of the model, each unit gathered (stage 3) or read as it is.
+std::vector<double> unit_values(UnitModel& model, dist::ZeroOptimizer& zero) {
+  std::vector<double> values;
+  for (std::size_t u = 0; u < model.units.size(); ++u) {
+    if (zero.stage() == 3) zero.gather(u);
+    for (Parameter* p : model.units[u]) {
+      const std::vector<double> v = p->value().to_double_vector();
+      values.insert(values.end(), v.begin(), v.end());
+    }
+  }
+  return values;
+}
+
+// A stage-3 sharded set holds each rank's pieces of the values with the optimizer's: resumed on
+// the same ranks from a model whose values were scrambled, it equals the uninterrupted run bit
+// for bit; resharded onto 3 ranks (and loaded by stage 2 on 2) its values are the saved ones
+// exactly, and training on reaches the uninterrupted run's weights within 1e-6. No rank holds
+// the whole model at any point of the save or the load at stage 3.
+TEST(Zero3, ShardedSetsHoldTheValuesResumeAndReshard) {
+  testing::TempDir folder;
+  const auto sets = folder / "sharded";
+  std::vector<double> straight, saved, resumed, resharded_loaded, resharded, below;
+  const auto run = [&](int world, int stage, int first, int steps, bool scramble,
+                       const std::function<void(dist::ZeroOptimizer&, UnitModel&, Communicator&)>& before,
+                       const std::function<void(dist::ZeroOptimizer&, UnitModel&, Communicator&)>& after) {
+    comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+      UnitModel model(3, 29);
+      if (scramble) {  // the values must come from the set
+        for (Parameter& p : model.registry) ops::fill(p.value(), 7.0);
+      }
+      auto adamw = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
+      dist::DataParallelOptions options{.bucket_cap_mb = 1e-6, .shard_gradients = true};
+      options.units = model.units;
+      dist::DataParallel ddp(model.registry, comm, options);
+      dist::ZeroOptimizer zero(*adamw, ddp, {.stage = stage});
+      before(zero, model, comm);
+      for (int t = first; t < first + steps; ++t) {
+        if (stage == 3) {
+          unit_step(comm, model, ddp, zero, t);
+          continue;
+        }
+        ddp.begin_backward();
+        for (std::size_t u = model.units.size(); u-- > 0;) {
+          for (auto it = model.units[u].rbegin(); it != model.units[u].rend(); ++it) {
+            model.add_gradient(**it, comm.rank(), comm.size(), t);
+            model.registry.mark_ready(**it);
+          }
+        }
+        ddp.end_backward();
+        zero.step();
+        zero.zero_grad();
+      }
+      after(zero, model, comm);
+    });
+  };
+  const auto nothing = [](dist::ZeroOptimizer&, UnitModel&, Communicator&) {};
+  const auto keep = [](std::vector<double>& into) {
+    return [&into](dist::ZeroOptimizer& zero, UnitModel& model, Communicator& comm) {
+      const std::vector<double> values = unit_values(model, zero);
+      if (comm.rank() == 0) into = values;
+    };
+  };
+  run(2, 3, 0, 6, false, nothing, keep(straight));
+  run(2, 3, 0, 3, false, nothing, [&](dist::ZeroOptimizer& zero, UnitModel& model, Communicator& comm) {
+    zero.save_sharded(sets);
+    keep(saved)(zero, model, comm);
+  });
+  run(2, 3, 3, 3, true, [&](dist::ZeroOptimizer& zero, UnitModel&, Communicator&) { zero.load_sharded(sets); },
+      keep(resumed));
+  run(3, 3, 3, 0, true,
+      [&](dist::ZeroOptimizer& zero, UnitModel&, Communicator&) {
+        EXPECT_GRADSYNC_ERROR(zero.load_sharded(sets), "was saved by 2 rank(s), this run has 3", "reshard");
+        zero.load_sharded(sets, /*reshard=*/true);
+      },
+      keep(resharded_loaded));
+  run(3, 3, 3, 3, true, [&](dist::ZeroOptimizer& zero, UnitModel&, Communicator&) { zero.load_sharded(sets, true); },
+      keep(resharded));
+  run(2, 2, 3, 0, true, [&](dist::ZeroOptimizer& zero, UnitModel&, Communicator&) { zero.load_sharded(sets); },
+      keep(below));
+  ASSERT_EQ(resumed.size(), straight.size());
+  EXPECT_EQ(resumed, straight) << "resumed on the same 2 ranks: bit for bit";
+  EXPECT_EQ(resharded_loaded, saved) << "resharded onto 3 ranks: the saved values exactly";
+  EXPECT_EQ(below, saved) << "loaded by stage 2: every value, whole";
+  testing::expect_near_vectors("resharded onto 3 ranks, then 3 steps", resharded, straight, 1e-6);
+}
+
 // Resharding: 3 steps on 4 ranks (stage 2), a consolidated checkpoint; 3 more steps on 2
 // ranks (stage 1) and on 3 ranks unsharded, each from that file, equal 6 uninterrupted steps.
 TEST(ZeroCheckpoint, ResumeOnAnotherWorldSizeEqualsAnUninterruptedRun) {
@@ -623,17 +730,53 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 
 // Rewrites a piece with `change` applied to its metadata, and records its new size and checksum
 // in the manifest, so that what is checked is the metadata, not the bytes.
-void rewrite_piece(const std::filesystem::path& sets, int rank, const std::function<void(io::Metadata&)>& change) {
+void rewrite_piece(const std::filesystem::path& sets, int rank, const std::function<void(io::Metadata&)>& change,
+                   const std::function<void(std::vector<io::NamedTensor>&)>& change_tensors = {}) {
   json manifest = read_json(sets / "manifest.json");
   const auto path = sets / manifest["set"].get<std::string>() / ("rank" + std::to_string(rank) + ".safetensors");
   const io::SafetensorsReader piece(path);
   io::Metadata metadata = piece.metadata();
   change(metadata);
-  io::save_safetensors(path, piece.read_all(), metadata);
+  std::vector<io::NamedTensor> tensors = piece.read_all();
+  if (change_tensors) change_tensors(tensors);
+  io::save_safetensors(path, tensors, metadata);
   const io::FileChecksum checksum = io::checksum_file(path);
   manifest["pieces"][static_cast<std::size_t>(rank)]["bytes"] = checksum.bytes;
   manifest["pieces"][static_cast<std::size_t>(rank)]["xxh64"] = io::hex_digest(checksum.xxh64);
   write_text(sets / "manifest.json", manifest.dump());
+}
+
+// A stage-3 piece without its values, or with values of another dtype, is refused on every rank,
+// naming the file, and nothing is loaded (the values this rank held are still there).
+TEST(Zero3, ASetWithoutItsValuesNeverLoads) {
+  testing::TempDir folder;
+  const auto sets = folder / "sharded";
+  const auto values_of = [](std::vector<io::NamedTensor>& tensors) {
+    return std::find_if(tensors.begin(), tensors.end(), [](const io::NamedTensor& t) { return t.name == "zero.values.0"; });
+  };
+  const std::vector<std::pair<std::function<void(std::vector<io::NamedTensor>&)>, std::string>> damages{
+      {[&](std::vector<io::NamedTensor>& tensors) { tensors.erase(values_of(tensors)); }, "no 'zero.values.0'"},
+      {[&](std::vector<io::NamedTensor>& tensors) { values_of(tensors)->tensor = values_of(tensors)->tensor.to(DType::f64); },
+       "'zero.values.0' is f64"},
+  };
+  for (const auto& [damage, expected] : damages) {
+    comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+      UnitModel model(2, 9);
+      auto adamw = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
+      dist::DataParallelOptions options{.bucket_cap_mb = 1e-6, .shard_gradients = true};
+      options.units = model.units;
+      dist::DataParallel ddp(model.registry, comm, options);
+      dist::ZeroOptimizer zero(*adamw, ddp, {.stage = 3});
+      unit_step(comm, model, ddp, zero, 0);
+      zero.save_sharded(sets);
+      const std::vector<double> before = unit_values(model, zero);
+      comm.barrier();
+      if (comm.rank() == 0) rewrite_piece(sets, 1, [](io::Metadata&) {}, damage);
+      comm.barrier();
+      EXPECT_GRADSYNC_ERROR(zero.load_sharded(sets), "rank1.safetensors", expected);
+      EXPECT_EQ(unit_values(model, zero), before) << expected;
+    });
+  }
 }
 
 struct DamageCase {

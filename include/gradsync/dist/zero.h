@@ -118,14 +118,16 @@ class ZeroOptimizer : public Joinable {
   void load_state(const std::filesystem::path& path);
 
   // Sharded checkpoints, for states no rank should hold whole: in `folder`, every rank writes
-  // its pieces to set-<id>/rank<R>.safetensors, and once all are written rank 0 points
+  // its pieces (at stage 3 its pieces of the values too) to set-<id>/rank<R>.safetensors, and once all are written rank 0 points
   // folder/manifest.json at the new set (an atomic rename) and removes the old sets. A crash or
   // a failed write anywhere before that leaves the previous complete set in force; a failure is
   // an error on every rank. Collective.
   void save_sharded(const std::filesystem::path& folder);
   // Loads the set the manifest names. Saved by another world size (or other buckets), it is an
   // error unless `reshard`: then each rank reads its pieces from whichever files hold them.
-  // Collective.
+  // A stage-3 set restores the values too (this rank's pieces at stage 3, every value below it;
+  // at stage 3 every unit is released first); a set of stage 1 or 2 holds no values, so the
+  // model's own file is loaded first (before the ZeroOptimizer is made, at stage 3). Collective.
   void load_sharded(const std::filesystem::path& folder, bool reshard = false);
 
   // Joinable (join.h): under dist::Join({&ddp, &zero}), a joined rank keeps stepping its pieces
