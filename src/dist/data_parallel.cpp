@@ -99,8 +99,21 @@ struct DataParallel::Impl {
     subscription = registry.on_ready([this](Parameter& parameter) { on_ready(parameter); });
   }
 
-  void begin_backward() {
+  // `first_ready`: the backward begins with a ready signal (no begin_backward() call), after the
+  // engine has written gradients.
+  void begin_backward(const Parameter* first_ready = nullptr) {
     GRADSYNC_CHECK(!in_backward, "DataParallel::begin_backward: the previous backward was not ended (call end_backward())");
+    if (options.shard_gradients) {
+      // Gradients still holding this rank's reduced pieces (no zero_grad since the last
+      // synchronized backward: an accumulation) have them set aside before the engine adds to
+      // them (Reducer::set_aside_reduced_pieces); after the engine wrote, it is too late.
+      GRADSYNC_CHECK(first_ready == nullptr || !reducer->holds_reduced_pieces(), "DataParallel (shard_gradients): a ",
+                     "backward began with the ready signal of '", first_ready->name(), "' while the gradients still ",
+                     "hold the reduced pieces of the last synchronized backward (no zero_grad since): the engine may ",
+                     "have added to them already, and they would be reduced again. Call begin_backward() before ",
+                     "writing gradients when accumulating over synchronized backwards (or zero_grad after each step)");
+      reducer->set_aside_reduced_pieces();
+    }
     in_backward = true;
     backward_syncs = no_sync_depth == 0;
     timeline_backward = timeline::enabled();
@@ -110,7 +123,7 @@ struct DataParallel::Impl {
 
   void on_ready(Parameter& parameter) {
     if (!reducer->contains(parameter)) return;
-    if (!in_backward) begin_backward();  // the first ready signal begins a backward
+    if (!in_backward) begin_backward(&parameter);  // the first ready signal begins a backward
     GRADSYNC_CHECK(!ready_this_backward[parameter.index()],
                    "Expected to mark a variable ready only once. Parameter at index ", parameter.index(), " with name '",
                    parameter.name(), "' has been marked as ready twice in this backward pass.");
@@ -159,7 +172,7 @@ struct DataParallel::Impl {
     last_used_counts.assign(count, 0);
     for (std::size_t i = 0; i < count; ++i) last_used_counts[i] = status.used_count(i);
     const Census census = status.census();
-    sync.read(status, options.shard_gradients, comm.rank());
+    sync.read(status, comm.rank());
 
     if (!census.missed.empty()) raise_missing(join_flags ? std::vector<std::size_t>{} : missing, census.missed);
     // Globally unused parameters keep an undefined gradient (the zero-fill was only for the
@@ -204,6 +217,8 @@ struct DataParallel::Impl {
         sync.last_step_carried() && (join_options == nullptr || join_options->divide_by_initial_world_size);
     if (!carry) {
       for (Parameter* parameter : parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+    } else if (options.shard_gradients) {
+      reducer->set_aside_reduced_pieces();  // the carried average is this rank's pieces: added back, not reduced again
     }
     std::fill(used_in_window.begin(), used_in_window.end(), false);
     const Census census = finalize(/*tolerate_missing=*/true, step.first ? kJoined | kJoinedThisStep : kJoined);

@@ -60,6 +60,7 @@ struct Reducer::Impl {
     Tensor flat;        // arena view, or own buffer
     Tensor compressed;  // the wire buffer when compressing (created on first use)
     Tensor piece;       // reduce_scatter: this rank's reduced piece
+    Tensor set_aside;   // reduce_scatter: the reduced piece of earlier rounds, while a round adds to it
     comm::WorkHandle tail_work;  // reduce_scatter: the remainder's allreduce
     std::vector<bool> ready;
     std::size_t pending = 0;
@@ -332,8 +333,16 @@ struct Reducer::Impl {
         Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.count});
         scale_gradient(mine, options.postscale);
       }
+      if (bucket.set_aside.defined()) {  // the earlier rounds' sum, added to this one's
+        Tensor mine = bucket.flat.view(static_cast<std::size_t>(shard.begin), {shard.count});
+        ops::axpy(1.0, bucket.set_aside, mine);
+        bucket.set_aside = Tensor();
+      }
       release_unowned(bucket, shard);
-      for (Parameter* member : bucket.info.members) member->mark_grad_defined();
+      for (Parameter* member : bucket.info.members) {
+        member->mark_grad_defined();
+        member->mark_grad_reduced_piece(true);
+      }
       return;
     }
     if (bucket.compressed.defined() && wire_dtype(bucket.info.dtype, options.compression) != bucket.info.dtype) {
@@ -348,6 +357,40 @@ struct Reducer::Impl {
       }
       member.mark_grad_defined();
     }
+  }
+
+  // Under reduce_scatter, a backward that adds to gradients still holding this rank's reduced
+  // pieces (an accumulation over synchronized microbatches: MULTI_AUTO_SYNC, or FSDP's default
+  // of a reduce-scatter per microbatch) would reduce those pieces again, on top of the others'
+  // new gradients. So before it, each such piece moves to a buffer of its own (this rank's
+  // elements only) and is zeroed in the arena; the round's completion adds it to the newly
+  // reduced piece: sharded gradient += reduce_scatter(this round's gradients), as FSDP sums.
+  void set_aside_reduced_pieces() {
+    if (!options.reduce_scatter) return;
+    for (Bucket& bucket : buckets) {
+      const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
+      for (std::size_t m = 0; m < bucket.info.members.size(); ++m) {
+        Parameter& member = *bucket.info.members[m];
+        if (!member.grad_holds_reduced_piece()) continue;
+        member.mark_grad_reduced_piece(false);
+        const std::int64_t lo = std::max(bucket.info.member_offset[m], shard.begin);
+        const std::int64_t hi = std::min(bucket.info.member_offset[m] + member.numel(), shard.begin + shard.count);
+        if (lo >= hi) continue;
+        if (!bucket.set_aside.defined()) bucket.set_aside = Tensor::zeros_paged({shard.count}, bucket.info.dtype, bucket.info.device);
+        Tensor held = bucket.flat.view(static_cast<std::size_t>(lo), {hi - lo});
+        bucket.set_aside.view(static_cast<std::size_t>(lo - shard.begin), {hi - lo}).copy_from(held);
+        held.zero_releasing_pages();
+      }
+    }
+  }
+
+  bool holds_reduced_pieces() const {
+    for (const Bucket& bucket : buckets) {
+      for (const Parameter* member : bucket.info.members) {
+        if (member->grad_holds_reduced_piece()) return true;
+      }
+    }
+    return false;
   }
 
   // Under reduce_scatter, once this rank's piece is in place: the rest of the bucket (other
@@ -444,6 +487,8 @@ bool Reducer::contains(const Parameter& parameter) const {
 }
 
 bool Reducer::round_started() const { return impl_->started; }
+void Reducer::set_aside_reduced_pieces() { impl_->set_aside_reduced_pieces(); }
+bool Reducer::holds_reduced_pieces() const { return impl_->holds_reduced_pieces(); }
 bool Reducer::all_launched() const { return impl_->next_to_launch == impl_->buckets.size(); }
 std::size_t Reducer::bucket_count() const { return impl_->buckets.size(); }
 const BucketInfo& Reducer::bucket(std::size_t index) const {

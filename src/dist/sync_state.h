@@ -36,8 +36,8 @@ class SyncState {
 
   // --- DataParallel's side, around each synchronized step's status.
   void write(StepStatus& status, bool shadow_step) const;
-  // `shard_gradients`: MULTI is no candidate. Rank 0 logs AUTO's choice.
-  void read(const StepStatus& status, bool shard_gradients, int rank);
+  // Rank 0 logs AUTO's choice.
+  void read(const StepStatus& status, int rank);
   bool last_step_carried() const { return last_step_carried_; }
   // A join cut AUTO's trials short on some ranks: start them again, everywhere alike.
   void restart_trials_unless_decided();

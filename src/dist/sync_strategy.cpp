@@ -67,7 +67,7 @@ void SyncState::write(StepStatus& status, bool shadow_step) const {
   if (decision_due_) status.propose_auto(seconds_);
 }
 
-void SyncState::read(const StepStatus& status, bool shard_gradients, int rank) {
+void SyncState::read(const StepStatus& status, int rank) {
   last_step_carried_ = status.carried();
   const std::optional<std::array<double, 3>> summed = status.auto_times();
   if (!summed) return;
@@ -75,7 +75,6 @@ void SyncState::read(const StepStatus& status, bool shard_gradients, int rank) {
   decision_due_ = false;
   std::size_t best = 0;
   for (std::size_t k = 1; k < kCandidates.size(); ++k) {
-    if (kCandidates[k] == DDPSyncStrategy::multi_auto_sync && shard_gradients) continue;
     if ((*summed)[k] < (*summed)[best]) best = k;
   }
   chosen_ = kCandidates[best];
@@ -105,14 +104,6 @@ DDPSyncContext::DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPS
   if (strategy_ == DDPSyncStrategy::auto_select) {
     auto_window_ = !state.decided();
     strategy_ = state.auto_strategy();
-  }
-  if (strategy_ == DDPSyncStrategy::multi_auto_sync && ddp_.options().shard_gradients) {
-    // Reduce-scattered buckets leave the reduced gradient in one piece per rank; a second
-    // synchronization in the window would reduce those pieces again.
-    GRADSYNC_CHECK(auto_window_, "multi_auto_sync does not combine with shard_gradients (ZeRO stage 2): it ",
-                   "synchronizes every microbatch, and reduce-scattered gradients cannot be reduced again; use ",
-                   "single_auto_sync or forced_sync");
-    strategy_ = DDPSyncStrategy::single_auto_sync;  // AUTO: MULTI's trial windows run SINGLE
   }
   const bool unsynced = (strategy_ == DDPSyncStrategy::single_auto_sync && !final_) ||
                         strategy_ == DDPSyncStrategy::forced_sync;

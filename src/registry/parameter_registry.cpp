@@ -50,6 +50,7 @@ void Parameter::set_grad(const Tensor& gradient) {
                  dtype_name(grad_dtype_), shape_str(shape_));
   grad_.copy_from(gradient);
   grad_defined_ = true;
+  grad_reduced_piece_ = false;
 }
 
 void Parameter::accumulate_grad(const Tensor& gradient) {
@@ -69,6 +70,7 @@ void Parameter::accumulate_grad(const Tensor& gradient) {
 Tensor& Parameter::grad_for_overwrite() {
   require_trainable("grad_for_overwrite");
   grad_defined_ = true;
+  grad_reduced_piece_ = false;
   return grad_;
 }
 
@@ -81,6 +83,7 @@ Tensor& Parameter::grad_for_accumulate() {
 
 void Parameter::zero_grad(bool set_to_undefined) {
   require_finalized("zero_grad");
+  grad_reduced_piece_ = false;
   if (set_to_undefined || !requires_grad_) {
     grad_defined_ = false;
     return;

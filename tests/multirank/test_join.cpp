@@ -77,7 +77,6 @@ std::vector<ZeroJoinParameters> zero_join_cases() {
     for (const int stage : {1, 2}) {
       for (const std::string variant :
            {"single_auto_sync", "multi_auto_sync", "forced_sync", "auto", "clip_by_active", "lr_schedule"}) {
-        if (stage == 2 && variant == "multi_auto_sync") continue;  // refused (ZeroErrors)
         cases.emplace_back(world, stage, variant);
       }
     }

@@ -64,7 +64,6 @@ std::vector<ZeroInstance> zero_instances() {
       const std::string prefix = testing::name(testing::ranks_name(world), "stage" + std::to_string(stage));
       for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
         for (const dist::DDPSyncStrategy strategy : testing::explicit_strategies()) {
-          if (stage == 2 && strategy == DDPSyncStrategy::multi_auto_sync) continue;  // refused (ZeroErrors)
           for (const bool find_unused : {false, true}) {
             add(world,
                 {.stage = stage, .optimizer = optimizer, .strategy = strategy, .find_unused_parameters = find_unused},
@@ -255,10 +254,11 @@ struct UnitRun {
   DType dtype = DType::f32;  // bf16: with f32 master weights
   double clip = 0;           // clip to this global norm before each step (0: off)
   int microbatches = 1;      // gradients accumulated locally, synchronized on the last one
+  bool every_microbatch = false;  // ... or synchronized on every one (MULTI_AUTO_SYNC: FSDP's default)
   bool explicit_prefetch = false;
   std::string describe() const {
     return "stage " + std::to_string(stage) + " " + optimizer + " " + dtype_name(dtype) + (clip > 0 ? " clip" : "") +
-           " x" + std::to_string(microbatches) + (explicit_prefetch ? " prefetch" : "");
+           " x" + std::to_string(microbatches) + (every_microbatch ? " multi" : "") + (explicit_prefetch ? " prefetch" : "");
   }
 };
 
@@ -285,8 +285,12 @@ std::vector<double> train_units(Communicator& comm, const UnitRun& run) {
           if (u + 1 < n) zero->release(u);  // the last unit stays for the backward
         }
       }
-      // Accumulation: FSDP's second way, the units' full gradients kept until the last microbatch.
-      auto sync = dist::ddp_sync_context(ddp, micro + 1 == run.microbatches, dist::DDPSyncStrategy::single_auto_sync);
+      // Accumulation, FSDP's two ways: the units' full gradients kept until the last microbatch
+      // (SINGLE: no_sync before it), or each microbatch reduce-scattered and added to the pieces
+      // (MULTI).
+      auto sync = dist::ddp_sync_context(ddp, micro + 1 == run.microbatches,
+                                         run.every_microbatch ? dist::DDPSyncStrategy::multi_auto_sync
+                                                              : dist::DDPSyncStrategy::single_auto_sync);
       ddp.begin_backward();
       for (std::size_t u = n; u-- > 0;) {
         if (sharded) zero->gather(u);
@@ -326,6 +330,8 @@ TEST(Zero3, MatchesStageTwoBitwiseAndUnshardedClosely) {
   runs.push_back({.optimizer = "adam", .clip = 0.05});
   runs.push_back({.optimizer = "sgd", .microbatches = 2});
   runs.push_back({.optimizer = "adamw", .dtype = DType::bf16, .clip = 0.05, .microbatches = 3});
+  runs.push_back({.optimizer = "adam", .microbatches = 3, .every_microbatch = true});
+  runs.push_back({.optimizer = "adamw", .dtype = DType::bf16, .clip = 0.05, .microbatches = 2, .every_microbatch = true});
   for (const int world : {2, 3, 4}) {
     for (std::size_t k = 0; k < runs.size(); ++k) {
       if (world == 4 && k >= 3) continue;  // the variants at 2 and 3 ranks (a remainder per bucket) keep the suite short
@@ -452,6 +458,65 @@ TEST(Zero3, HoldsItsPiecesOfTheValues) {
       zero.zero_grad();
       EXPECT_LE(testing::resident_bytes(values), total / comm.size() + slack) << "step " << t;
     }
+  });
+}
+
+// Accumulating over microbatches, FSDP's two ways, and what each holds between microbatches:
+// MULTI reduce-scatters every microbatch and adds it to the pieces (the reduced pieces set aside
+// before each backward), so only the pieces' gradient pages stay; SINGLE keeps every unit's
+// full gradient until the last microbatch. A backward that begins with a ready signal while the
+// pieces are still there is an error naming the parameter (the engine may have added to them).
+TEST(Zero3, AccumulatingEveryMicrobatchHoldsOnlyThePieces) {
+  comm::run_gloo_thread_group(4, [](Communicator& comm) {
+    UnitModel model(4, 64 * 1024 / 7);  // units of about 256 KiB
+    optim::Adam adam(model.registry, optim::Adam::Options{.lr = 1e-3});
+    dist::DataParallelOptions options{.shard_gradients = true};
+    options.units = model.units;
+    dist::DataParallel ddp(model.registry, comm, options);
+    dist::ZeroOptimizer zero(adam, ddp, {.stage = 3});
+    const Tensor& grads = model.registry.arenas()[0].grads;
+    const std::int64_t total = grads.nbytes();
+    const std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * static_cast<std::int64_t>(model.units.size());
+    const auto microbatch = [&](bool last, DDPSyncStrategy strategy) {
+      auto sync = dist::ddp_sync_context(ddp, last, strategy);
+      ddp.begin_backward();
+      for (std::size_t u = model.units.size(); u-- > 0;) {
+        zero.gather(u);
+        for (Parameter* p : model.units[u]) {
+          Tensor g = Tensor::zeros(p->shape(), DType::f32);
+          ops::fill(g, 1e-3);
+          p->accumulate_grad(g);
+          model.registry.mark_ready(*p);
+        }
+        zero.release(u);
+      }
+      ddp.end_backward();
+      sync.close();
+    };
+    for (int micro = 0; micro < 3; ++micro) {
+      microbatch(micro == 2, DDPSyncStrategy::multi_auto_sync);
+      EXPECT_LE(testing::resident_bytes(grads), total / comm.size() + slack) << "MULTI, after microbatch " << micro;
+    }
+    // Three microbatches of 1e-3 from every rank, averaged: 3e-3 in this rank's pieces.
+    const Parameter& first = *model.units[0][0];
+    const std::int64_t owned = dist::shard_bucket(ddp.reducer().bucket(ddp.reducer().bucket_of(first)).numel, comm.size(), comm.rank()).begin;
+    if (owned < first.numel()) {
+      EXPECT_FLOAT_EQ(static_cast<float>(first.grad().to_double_vector()[static_cast<std::size_t>(owned)]), 3e-3f);
+    }
+    // The pieces are still there (no zero_grad): a backward begun by a ready signal is refused.
+    zero.gather(0);
+    Parameter& weight = *model.units[0][0];
+    EXPECT_GRADSYNC_ERROR(model.registry.mark_ready(weight), "'block0.weight'", "begin_backward()", "reduced pieces");
+    zero.release(0);
+    zero.step();
+    zero.zero_grad();
+
+    microbatch(false, DDPSyncStrategy::single_auto_sync);
+    EXPECT_GE(testing::resident_bytes(grads), total * 9 / 10) << "SINGLE keeps every unit's full gradient until the last microbatch";
+    microbatch(true, DDPSyncStrategy::single_auto_sync);
+    EXPECT_LE(testing::resident_bytes(grads), total / comm.size() + slack) << "SINGLE, after the last microbatch";
+    zero.step();
+    zero.zero_grad();
   });
 }
 
@@ -1005,8 +1070,6 @@ TEST(Zero, Errors) {
     EXPECT_GRADSYNC_ERROR(ddp.register_comm_hook([](Communicator& c, Tensor& flat, const dist::BucketInfo&) {
       return c.allreduce_async(flat, comm::ReduceOp::sum);
     }), "does not combine");
-    EXPECT_GRADSYNC_ERROR(dist::DDPSyncContext(ddp, true, DDPSyncStrategy::multi_auto_sync),
-                          "multi_auto_sync does not combine with shard_gradients");
     dist::ZeroOptimizer zero(*sgd, ddp, {.stage = 2});
     EXPECT_GRADSYNC_ERROR(sgd->save_state(testing::TempDir().path() / "state.safetensors"), "is sharded (ZeRO)");
     {

@@ -142,6 +142,13 @@ class Reducer {
     wait();
   }
 
+  // Under reduce_scatter, before a backward that may add to gradients still holding this rank's
+  // reduced pieces (Parameter::grad_holds_reduced_piece): each such piece is set aside and
+  // zeroed, and the next completed round adds it to its own reduced piece (an accumulation over
+  // synchronized microbatches, summed as FSDP sums). Between rounds; nothing to do otherwise.
+  void set_aside_reduced_pieces();
+  bool holds_reduced_pieces() const;
+
   bool contains(const Parameter& parameter) const;
   // True once anything happened this round: a member ready, or a bucket launched.
   bool round_started() const;

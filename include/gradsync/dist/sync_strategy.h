@@ -18,8 +18,10 @@
 //  * AUTO (ours): the first windows try each of the three (two windows each), then the
 //    fastest by the ranks' summed window times is kept for the rest of the run; the choice is
 //    the same on every rank (it rides on a synchronized step's status) and is logged once.
-// With shard_gradients (ZeRO stage 2) MULTI is refused: reduce-scattered gradients cannot be
-// reduced again (AUTO runs SINGLE in MULTI's trial windows and never picks it).
+// With shard_gradients (ZeRO stages 2 and 3) MULTI is FSDP's default accumulation: each
+// microbatch is reduce-scattered and added to the sharded gradient (the reduced pieces are set
+// aside before each backward: Reducer::set_aside_reduced_pieces); SINGLE and FORCED keep the
+// full gradients until the last microbatch (FSDP's no_sync).
 #pragma once
 
 #include <optional>

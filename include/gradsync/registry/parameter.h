@@ -59,6 +59,13 @@ class Parameter {
   // results into the buffer itself.
   void mark_grad_defined();
 
+  // Sharded gradients (ZeRO stages 2 and 3): the buffer holds this rank's reduced piece of the
+  // gradient, set by the Reducer when it writes one. A later backward that adds into it must
+  // have the piece set aside first (DataParallel::begin_backward does), or it would be reduced
+  // again. set_grad, grad_for_overwrite and zero_grad discard the old gradient and clear it.
+  void mark_grad_reduced_piece(bool holds) { grad_reduced_piece_ = holds; }
+  bool grad_holds_reduced_piece() const { return grad_reduced_piece_; }
+
   // Sharded parameters (ZeRO stage 3, dist/zero.h): while `why` is set, this rank does not hold
   // the whole value, and value() is an error that names the parameter and says `why` (which
   // unit to gather). Null: the value is here.
@@ -85,6 +92,7 @@ class Parameter {
   Tensor value_;
   Tensor grad_;
   bool grad_defined_ = false;
+  bool grad_reduced_piece_ = false;
   std::shared_ptr<const std::string> released_;
 };
 
