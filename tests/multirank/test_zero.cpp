@@ -425,19 +425,30 @@ TEST(Zero3, MatchesPyTorchFSDP2) {
   }
 }
 
+// Four units of about 256 KiB under stage 3 with Adam, for counting resident pages: `slack`
+// allows each unit two partial pages at the edges of its pieces.
+struct PagedUnits {
+  UnitModel model{4, 64 * 1024 / 7};
+  optim::Adam adam{model.registry, optim::Adam::Options{.lr = 1e-3}};
+  dist::DataParallel ddp;
+  dist::ZeroOptimizer zero;
+  std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * static_cast<std::int64_t>(model.units.size());
+  static dist::DataParallelOptions options(const UnitModel& model) {
+    dist::DataParallelOptions options{.shard_gradients = true};
+    options.units = model.units;
+    return options;
+  }
+  explicit PagedUnits(Communicator& comm) : ddp(model.registry, comm, options(model)), zero(adam, ddp, {.stage = 3}) {}
+};
+
 // Between steps a rank holds its pieces of the values (resident pages of the paged value
 // arena); while the engine walks the units, the gathered ones on top.
 TEST(Zero3, HoldsItsPiecesOfTheValues) {
   comm::run_gloo_thread_group(4, [](Communicator& comm) {
-    UnitModel model(4, 64 * 1024 / 7);  // units of about 256 KiB
-    optim::Adam adam(model.registry, optim::Adam::Options{.lr = 1e-3});
-    dist::DataParallelOptions options{.shard_gradients = true};
-    options.units = model.units;
-    dist::DataParallel ddp(model.registry, comm, options);
-    dist::ZeroOptimizer zero(adam, ddp, {.stage = 3});
+    PagedUnits units(comm);
+    auto& [model, adam, ddp, zero, slack] = units;
     const Tensor& values = model.registry.arenas()[0].values;
     const std::int64_t total = values.nbytes();
-    const std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * static_cast<std::int64_t>(model.units.size());
     EXPECT_LE(testing::resident_bytes(values), total / comm.size() + slack) << "after construction";
     for (int t = 0; t < 2; ++t) {
       std::int64_t most = 0;
@@ -468,15 +479,10 @@ TEST(Zero3, HoldsItsPiecesOfTheValues) {
 // pieces are still there is an error naming the parameter (the engine may have added to them).
 TEST(Zero3, AccumulatingEveryMicrobatchHoldsOnlyThePieces) {
   comm::run_gloo_thread_group(4, [](Communicator& comm) {
-    UnitModel model(4, 64 * 1024 / 7);  // units of about 256 KiB
-    optim::Adam adam(model.registry, optim::Adam::Options{.lr = 1e-3});
-    dist::DataParallelOptions options{.shard_gradients = true};
-    options.units = model.units;
-    dist::DataParallel ddp(model.registry, comm, options);
-    dist::ZeroOptimizer zero(adam, ddp, {.stage = 3});
+    PagedUnits units(comm);
+    auto& [model, adam, ddp, zero, slack] = units;
     const Tensor& grads = model.registry.arenas()[0].grads;
     const std::int64_t total = grads.nbytes();
-    const std::int64_t slack = 2 * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) * static_cast<std::int64_t>(model.units.size());
     const auto microbatch = [&](bool last, DDPSyncStrategy strategy) {
       auto sync = dist::ddp_sync_context(ddp, last, strategy);
       ddp.begin_backward();
