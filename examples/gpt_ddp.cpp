@@ -14,7 +14,8 @@
 // gradient accumulates and is marked ready, the last layer's first; on the last microbatch
 // DataParallel reduces the buckets while the backward goes on); then the global norm clipped,
 // the learning rate of the step set, AdamW's step. On the CPU, in f32 or bf16 (f32 masters);
-// --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does; --sync-strategy picks
+// --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does, --zero 3 the
+// parameters too (the model gathers each block around its use: Gpt::shard); --sync-strategy picks
 // when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join.
 #include <algorithm>
 #include <chrono>
@@ -76,7 +77,8 @@ int main(int argc, char** argv) try {
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
         "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --resume FILE.safetensors   --quiet\n"
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
-        "  --zero 0|1|2 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too)\n"
+        "  --zero 0|1|2|3 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too, 3 the\n"
+        "    parameters too: each block gathered for its forward and backward; f32)\n"
         "  --val val.bin (the validation loss at the end)   --sample N (N tokens generated at the end)\n"
         "  --vocab FILE (one byte per token, in token order: samples print as text)\n"
         "  --precision f32|bf16 (bf16: bf16 parameters and gradients, f32 arithmetic and master weights)\n"
@@ -125,7 +127,11 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
   GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
-  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero ", zero_stage, ": expected 0, 1 or 2");
+  GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
+  GRADSYNC_CHECK(zero_stage < 3 || precision == "f32", "--zero 3 --precision ", precision, ": stage 3 runs f32 ",
+                 "parameters here (the model widens every bf16 weight at once, which sharding would undo)");
+  GRADSYNC_CHECK(zero_stage < 3 || !uneven, "--zero 3 --uneven: stage 3 does not take part in dist::Join (a joined ",
+                 "rank would have to answer every gather of the others' forwards)");
 
   // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
   auto comm = comm::connect(backend);
@@ -155,7 +161,10 @@ int main(int argc, char** argv) try {
   examples::Progress progress;
   if (!resume.empty()) progress = examples::load_checkpoint(resume, registry, optimizer);
 
-  dist::DataParallel ddp(registry, *comm, {.shard_gradients = zero_stage == 2});
+  // Stage 3: each unit (the embeddings, each block, the final LayerNorm) is one bucket.
+  dist::DataParallelOptions ddp_options{.shard_gradients = zero_stage >= 2};
+  if (zero_stage == 3) ddp_options.units = model.units();
+  dist::DataParallel ddp(registry, *comm, ddp_options);
   std::shared_ptr<dist::PowerSGDState> powersgd;
   if (powersgd_rank > 0 && comm->size() > 1) {
     powersgd = std::make_shared<dist::PowerSGDState>(
@@ -164,10 +173,12 @@ int main(int argc, char** argv) try {
   }
 
   // ZeRO: this rank keeps AdamW's state (and with stage 2 the reduced gradient) of its pieces
-  // of each bucket only; the step updates those and gathers the parameters.
+  // of each bucket only; the step updates those and gathers the parameters. Stage 3 keeps only
+  // its pieces of the values too: the model gathers each unit for its forward and backward.
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (zero_stage > 0 && comm->size() > 1) {
     zero = std::make_unique<dist::ZeroOptimizer>(optimizer, ddp, dist::ZeroOptions{.stage = zero_stage});
+    if (zero_stage == 3) model.shard(zero.get());
   }
   examples::Metrics metrics(metrics_path, comm->rank() == 0);
   if (comm->rank() == 0 && !quiet) {
@@ -251,6 +262,12 @@ int main(int argc, char** argv) try {
                   static_cast<double>(step + 1 - progress.global_step) * tokens / seconds, 100 * total_sync / total_seconds,
                   100 * total_optimizer / total_seconds);
     }
+  }
+  if (zero && zero_stage == 3) {
+    // Validation, the sample (rank 0 alone) and the checkpoint read the whole model: every unit
+    // gathered, on every rank, and the model used whole from here.
+    for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
+    model.shard(nullptr);
   }
   if (join) {
     const int last = join->join();

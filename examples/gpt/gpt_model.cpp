@@ -207,6 +207,33 @@ Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_
   ln_f_b_ = add("transformer.ln_f.bias", {c});
 }
 
+std::vector<std::vector<Parameter*>> Gpt::units() const {
+  std::vector<std::vector<Parameter*>> units{{wte_, wpe_}};
+  for (const Layer& l : layers_) {
+    units.push_back({l.ln_1_w, l.ln_1_b, l.attn_w, l.attn_b, l.proj_w, l.proj_b, l.ln_2_w, l.ln_2_b, l.fc_w, l.fc_b,
+                     l.fc_proj_w, l.fc_proj_b});
+  }
+  units.push_back({ln_f_w_, ln_f_b_});
+  return units;
+}
+
+void Gpt::shard(dist::ZeroOptimizer* zero) {
+  GRADSYNC_CHECK(zero == nullptr || dtype_ != DType::bf16, "Gpt::shard: ZeRO stage 3 with bf16 parameters is not ",
+                 "supported by this model (its forward widens every weight to f32 at once); use f32");
+  GRADSYNC_CHECK(zero == nullptr || zero->unit_count() == units().size(), "Gpt::shard: the ZeroOptimizer has ",
+                 zero == nullptr ? 0 : zero->unit_count(), " units, the model ", units().size(),
+                 " (DataParallelOptions::units = model.units())");
+  zero_ = zero;
+}
+
+void Gpt::gather(std::size_t unit) {
+  if (zero_ != nullptr) zero_->gather(unit);
+}
+
+void Gpt::release(std::size_t unit) {
+  if (zero_ != nullptr) zero_->release(unit);
+}
+
 std::int64_t Gpt::parameter_count() const {
   std::int64_t total = 0;
   for (const Parameter& p : registry_) total += p.numel();
@@ -287,6 +314,8 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
   // Embeddings: token plus position.
   std::vector<T>& x = act->x;
   x.resize(static_cast<std::size_t>(N * C));
+  const std::size_t embeddings = 0, final_norm = layers_.size() + 1;  // units (units()); block l is l + 1
+  gather(embeddings);  // kept to the end of the backward: the head uses wte too
   const T* wte = values<T>(wte_);
   const T* wpe = values<T>(wpe_);
   for (std::int64_t n = 0; n < N; ++n) {
@@ -296,6 +325,7 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     BlockActivations<T>& a = act->blocks[l];
+    gather(l + 1);
     a.input = x;
     a.ln_1.resize(x.size());
     a.ln_1_mean.resize(static_cast<std::size_t>(N));
@@ -343,8 +373,10 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
     gelu(a.fc_gelu.data(), a.fc.data(), static_cast<std::int64_t>(a.fc.size()), config_.gelu_tanh);
     linear(projected.data(), a.fc_gelu.data(), values<T>(layer.fc_proj_w), values<T>(layer.fc_proj_b), N, 4 * C, C);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = a.x_1[i] + projected[i];
+    release(l + 1);
   }
   act->x_final = x;
+  gather(final_norm);  // kept: the backward begins with it
   act->ln_f.resize(x.size());
   act->ln_f_mean.resize(static_cast<std::size_t>(N));
   act->ln_f_rstd.resize(static_cast<std::size_t>(N));
@@ -389,11 +421,13 @@ void Gpt::backward_as(double loss_scale) {
                      act.ln_f_mean.data(), act.ln_f_rstd.data(), N, C);
   ready(ln_f_w_);
   ready(ln_f_b_);
+  release(layers_.size() + 1);  // the final LayerNorm's unit
 
   const T scale = 1 / std::sqrt(static_cast<T>(hs));
   for (std::int64_t l = config_.layers - 1; l >= 0; --l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     BlockActivations<T>& a = act.blocks[static_cast<std::size_t>(l)];
+    gather(static_cast<std::size_t>(l) + 1);
     // x = x_1 + mlp(ln_2(x_1)): dx flows to x_1 both directly and through the MLP.
     std::vector<T>& dfc = zeroed(act.dfc, N * 4 * C);
     linear_backward(dfc.data(), grads<T>(layer.fc_proj_w), grads<T>(layer.fc_proj_b), dx.data(), a.fc_gelu.data(),
@@ -451,6 +485,7 @@ void Gpt::backward_as(double loss_scale) {
                        values<T>(layer.ln_1_w), a.ln_1_mean.data(), a.ln_1_rstd.data(), N, C);
     ready(layer.ln_1_w);
     ready(layer.ln_1_b);
+    release(static_cast<std::size_t>(l) + 1);
   }
   // The embeddings: each token's row and each position's row gather their positions' gradients.
   T* dwpe = grads<T>(wpe_);
@@ -463,6 +498,7 @@ void Gpt::backward_as(double loss_scale) {
   }
   ready(wpe_);
   ready(wte_);
+  release(0);  // the embeddings' unit
   spare_ = std::move(saved_);  // the next forward reuses its memory
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "gradsync/dist/zero.h"
 #include "gradsync/registry/parameter_registry.h"
 
 namespace gradsync::examples {
@@ -59,6 +60,17 @@ class Gpt {
   // complete, the last layer's first, the token embedding last.
   void backward(double loss_scale = 1.0);
 
+  // ZeRO stage 3: the units, each a run of neighbours in registration order: the embeddings
+  // (wte, which the head uses too, and wpe), each block, the final LayerNorm
+  // (DataParallelOptions::units). Once `shard` is called, the forward gathers each unit before
+  // its first use and releases each block after it; the embeddings and the final LayerNorm stay
+  // gathered into the backward (FSDP's root: the head, first in the backward, uses both, and the
+  // embeddings' gradient is complete only at its end). The backward gathers each block again
+  // and releases every unit once its gradients are ready. f32 and f64 parameters only.
+  // shard(nullptr) stops: every unit must be gathered then (the model used whole, by one rank).
+  std::vector<std::vector<Parameter*>> units() const;
+  void shard(dist::ZeroOptimizer* zero);
+
  private:
   struct Layer {
     Parameter *ln_1_w, *ln_1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln_2_w, *ln_2_b, *fc_w, *fc_b, *fc_proj_w,
@@ -73,6 +85,8 @@ class Gpt {
   template <typename T>
   T* grads(Parameter* p);
   void ready(Parameter* p);
+  void gather(std::size_t unit);   // stage 3: the unit's values here (nothing without shard())
+  void release(std::size_t unit);  // stage 3: back to this rank's pieces
 
   ParameterRegistry& registry_;
   GptConfig config_;
@@ -82,6 +96,7 @@ class Gpt {
   std::vector<Layer> layers_;
   Parameter* ln_f_w_;
   Parameter* ln_f_b_;
+  dist::ZeroOptimizer* zero_ = nullptr;  // stage 3's, once sharded
 
   // The last forward's inputs and activations (in the model's dtype; gpt_model.cpp).
   std::int64_t batch_ = 0;

@@ -89,7 +89,7 @@ PY
     "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --powersgd-rank 1 --min-accuracy 0.95 --quiet
     resume_matches digits_ddp 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
-  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2; the sync strategies
+  gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2, 3; the sync strategies
          # over two microbatches), against PyTorch's (tests/reference/generate_gpt_fixtures.py):
          # each step's loss within 1e-5 relative, the final weights within 1e-4; bf16; uneven
     fixtures=$source/tests/fixtures
@@ -100,7 +100,7 @@ PY
       --save "$scratch/one.safetensors"
     "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
       --save "$scratch/two.safetensors"
-    for stage in 1 2; do  # ZeRO: the same run, AdamW's state (and at 2 the gradients) sharded
+    for stage in 1 2 3; do  # ZeRO: the same run, AdamW's state (at 2 the gradients, at 3 the parameters) sharded
       "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --zero $stage \
         --metrics "$scratch/zero$stage.jsonl" --save "$scratch/zero$stage.safetensors"
     done
@@ -114,7 +114,7 @@ PY
         awk -v run=$1 -v bound=$3 '{ d = $1 - $2; if (d < 0) d = -d; if (d > bound * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
                                    END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
     }
-    for run in one two zero1 zero2 multi forced auto; do
+    for run in one two zero1 zero2 zero3 multi forced auto; do
       losses_match $run "$fixtures/gpt_train_losses.txt" 1e-5
       "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
     done
