@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -375,9 +376,14 @@ TEST(Zero3, MatchesPyTorchFSDP2) {
   const io::SafetensorsReader fixture(testing::fixture_path("zero3_fsdp2.safetensors"));
   const nlohmann::json settings = nlohmann::json::parse(fixture.metadata().at("settings"));
   const int steps = std::stoi(fixture.metadata().at("steps"));
-  for (const int world : {2, 3}) {
-    for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
-      const std::string where = std::to_string(world) + " ranks, " + optimizer;
+  // The fixture's cases: name, optimizer, microbatches, synchronized every microbatch.
+  const std::vector<std::tuple<std::string, std::string, int, bool>> cases{
+      {"sgd", "sgd", 1, true},           {"adam", "adam", 1, true},           {"adamw", "adamw", 1, true},
+      {"sgd.multi", "sgd", 2, true},     {"adam.multi", "adam", 2, true},     {"adamw.multi", "adamw", 2, true},
+      {"adamw.nosync", "adamw", 2, false}};
+  for (const int world : {2, 3, 4}) {
+    for (const auto& [name, optimizer, micro, every] : cases) {
+      const std::string where = std::to_string(world) + " ranks, " + name;
       comm::run_gloo_thread_group(world, [&](Communicator& comm) {
         ParameterRegistry registry;
         auto layers = std::make_shared<nn::Sequential>(registry);
@@ -397,22 +403,35 @@ TEST(Zero3, MatchesPyTorchFSDP2) {
         nn::DistributedDataParallel model(sharded, comm, options);
         dist::ZeroOptimizer zero(*opt, model.data_parallel(), {.stage = 3});
         sharded->attach(zero);
+        const std::string prefix = "w" + std::to_string(world) + "." + name;
         const std::vector<double> expected_losses =
-            fixture.read("w" + std::to_string(world) + "." + optimizer + ".rank" + std::to_string(comm.rank()) + ".losses")
-                .to_double_vector();
+            fixture.read(prefix + ".rank" + std::to_string(comm.rank()) + ".losses").to_double_vector();
         for (int step = 0; step < steps; ++step) {
           const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(comm.rank());
-          const nn::LossResult loss = nn::softmax_cross_entropy(model.forward(fixture.read(batch + ".x")), fixture.read(batch + ".y"));
-          model.backward(loss.grad);
+          const Tensor x = fixture.read(batch + ".x"), y = fixture.read(batch + ".y");
+          const std::int64_t rows = x.shape()[0] / micro, columns = x.shape()[1];
+          double step_loss = 0;
+          for (int m = 0; m < micro; ++m) {
+            // Half the batch each, each loss halved (FSDP2 sums the microbatches' gradients:
+            // reduce-scattered every microbatch under MULTI, kept whole until the last under no_sync).
+            std::optional<dist::DataParallel::NoSync> no_sync;
+            if (!every && m + 1 < micro) no_sync.emplace(model.data_parallel());
+            const Tensor xm = x.view(static_cast<std::size_t>(m * rows * columns), {rows, columns});
+            const Tensor ym = y.view(static_cast<std::size_t>(m * rows), {rows});
+            nn::LossResult loss = nn::softmax_cross_entropy(model.forward(xm), ym);
+            ops::scale(loss.grad, 1.0 / micro);
+            model.backward(loss.grad);
+            step_loss += loss.loss / micro;
+          }
           zero.step();
           zero.zero_grad();
-          EXPECT_NEAR(loss.loss, expected_losses[static_cast<std::size_t>(step)], 1e-6 * std::abs(expected_losses[static_cast<std::size_t>(step)]))
+          EXPECT_NEAR(step_loss, expected_losses[static_cast<std::size_t>(step)], 1e-6 * std::abs(expected_losses[static_cast<std::size_t>(step)]))
               << "step " << step << ", rank " << comm.rank() << ", " << where;
         }
         sharded->gather_all();
         for (Parameter& p : registry) {
           const std::vector<double> expected =
-              fixture.read("w" + std::to_string(world) + "." + optimizer + ".final." + p.name()).to_double_vector();
+              fixture.read(prefix + ".final." + p.name()).to_double_vector();
           const std::vector<double> got = p.value().to_double_vector();
           double largest = 0;
           for (const double v : expected) largest = std::max(largest, std::abs(v));

@@ -7,8 +7,12 @@ W gloo processes train an MLP (Linear(8, 16), ReLU, Linear(16, 16), ReLU, Linear
 FSDP2 unit (fully_shard per layer, then the root; reshard_after_forward=True, the default), f32,
 for STEPS steps. Each rank's batch at each step is drawn from a generator seeded by the step and
 the rank, and recorded, as are the initial weights, every rank's loss per step and the final
-weights. Cases: worlds 2 and 3 (3 does not divide every dimension: FSDP2 pads) x SGD (momentum,
-weight decay), Adam, AdamW.
+weights. Cases: worlds 2, 3 and 4 (3 and 4 do not divide every dimension: FSDP2 pads) x SGD
+(momentum, weight decay), Adam, AdamW; each with one microbatch, and with two microbatches of
+half the batch (each loss halved, the step's loss their sum) synchronized every microbatch
+(FSDP2's default: each microbatch reduce-scattered into the sharded gradients; "<opt>.multi");
+and AdamW with the first microbatch under set_requires_gradient_sync(False) (the unsharded
+gradients kept until the last microbatch; "adamw.nosync").
 
 Needs a current torch (2.x) and safetensors from PyPI:
     python3 -m venv /tmp/torch && /tmp/torch/bin/pip install torch safetensors numpy
@@ -52,8 +56,15 @@ def batch(step, rank):
     return x, y
 
 
-def worker(rank, world, optimizer_name, store_path, results):
+# name -> (optimizer, microbatches, synchronize every microbatch)
+CASES = {name: (name, 1, True) for name in OPTIMIZERS}
+CASES.update({f"{name}.multi": (name, 2, True) for name in OPTIMIZERS})
+CASES["adamw.nosync"] = ("adamw", 2, False)
+
+
+def worker(rank, world, case, store_path, results):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    optimizer_name, micro, every = CASES[case]
     net = model()
     for layer in net:
         if isinstance(layer, torch.nn.Linear):
@@ -64,10 +75,15 @@ def worker(rank, world, optimizer_name, store_path, results):
     for step in range(STEPS):
         x, y = batch(step, rank)
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-        loss.backward()
+        step_loss = 0.0
+        part = BATCH // micro
+        for m in range(micro):
+            net.set_requires_gradient_sync(every or m == micro - 1)
+            loss = torch.nn.functional.cross_entropy(net(x[m * part:(m + 1) * part]), y[m * part:(m + 1) * part]) / micro
+            loss.backward()
+            step_loss += loss.item()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(step_loss)
     final = {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
     results[rank] = (losses, final)
     dist.destroy_process_group()
@@ -75,13 +91,13 @@ def worker(rank, world, optimizer_name, store_path, results):
 
 def main():
     tensors = {f"init.{name}": p.detach().clone() for name, p in model().named_parameters()}
-    for world in (2, 3):
+    for world in (2, 3, 4):
         for step in range(STEPS):
             for rank in range(world):
                 x, y = batch(step, rank)
                 tensors[f"data.step{step}.rank{rank}.x"] = x
                 tensors[f"data.step{step}.rank{rank}.y"] = y
-        for name in OPTIMIZERS:
+        for name in CASES:
             with tempfile.TemporaryDirectory() as folder:
                 manager = mp.Manager()
                 results = manager.dict()
