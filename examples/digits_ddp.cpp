@@ -109,8 +109,6 @@ int main(int argc, char** argv) try {
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   flags.finish();
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
-  GRADSYNC_CHECK(zero_stage < 3 || !options.uneven, "--zero 3 does not combine with --uneven yet: a joined rank would ",
-                 "have to shadow every gather and reduce-scatter of the others (docs/zero.md)");
   GRADSYNC_CHECK(zero_stage == 0 || !options.uneven || options.precision != "fp16", "--zero with --uneven does not ",
                  "combine with --precision fp16: a step the loss scaler skips would leave the joined ranks waiting for it ",
                  "(docs/zero.md)");

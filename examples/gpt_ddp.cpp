@@ -130,8 +130,7 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
   GRADSYNC_CHECK(zero_stage < 3 || precision == "f32", "--zero 3 --precision ", precision, ": stage 3 runs f32 ",
                  "parameters here (the model widens every bf16 weight at once, which sharding would undo)");
-  GRADSYNC_CHECK(zero_stage < 3 || !uneven, "--zero 3 --uneven: stage 3 does not take part in dist::Join (a joined ",
-                 "rank would have to answer every gather of the others' forwards)");
+
 
   // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
   auto comm = comm::connect(backend);
@@ -263,12 +262,6 @@ int main(int argc, char** argv) try {
                   100 * total_optimizer / total_seconds);
     }
   }
-  if (zero && zero_stage == 3) {
-    // Validation, the sample (rank 0 alone) and the checkpoint read the whole model: every unit
-    // gathered, on every rank, and the model used whole from here.
-    for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
-    model.shard(nullptr);
-  }
   if (join) {
     const int last = join->join();
     if (comm->rank() == 0 && !quiet) {
@@ -276,6 +269,12 @@ int main(int argc, char** argv) try {
                   static_cast<long long>(my_steps), last, static_cast<long long>(steps * (2 * world - last) / (2 * world)));
     }
     join.reset();
+  }
+  if (zero && zero_stage == 3) {
+    // Validation, the sample (rank 0 alone) and the checkpoint read the whole model: every unit
+    // gathered, on every rank, and the model used whole from here.
+    for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
+    model.shard(nullptr);
   }
   // 4. The validation loss: the mean over up to 16 batches of the rank's sequences of val.bin,
   // averaged over the ranks (the same weights everywhere).

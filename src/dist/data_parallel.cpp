@@ -313,6 +313,10 @@ void DataParallel::shadow_step(JoinStep& step) { impl_->shadow_step(step); }
 
 void DataParallel::finish_join(int last_joiner) {
   for (Parameter* parameter : impl_->parameters) parameter->zero_grad(/*set_to_undefined=*/true);
+  // Units (ZeRO stage 3): each rank holds its pieces of the values, and the joined ranks kept
+  // stepping theirs: nothing to copy (the last joiner's other pieces are released). The same
+  // decision on every rank: the units agree.
+  if (!impl_->options.units.empty()) return impl_->sync.restart_trials_unless_decided();
   // The last joiner has taken every step: its replica is the one to keep.
   for (const Arena& arena : impl_->registry.arenas()) {
     Tensor values = arena.values;

@@ -27,6 +27,7 @@ namespace {
 int run_join_loop(const std::vector<Joinable*>& participants, bool throw_on_early_termination) {
   GRADSYNC_CHECK(!participants.empty(), "Join: no participant to shadow");
   for (const Joinable* participant : participants) participant->require_joinable();
+  for (Joinable* participant : participants) participant->begin_shadowing();
   const int rank = participants.front()->join_communicator().rank();
   int last_joiner = rank;
   for (bool first = true;; first = false) {

@@ -4,6 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "gradsync/comm/flight_recorder.h"
 #include "gradsync/core/timeline.h"
@@ -70,7 +75,7 @@ struct ZeroOptimizer::Impl {
   // starts with a control allreduce (max) of [kind, unscale, clip] that a joined rank answers
   // with zeros and reads: kind 1, the gradient statistics follow; kind 2, the step and the
   // gathers. See docs/zero.md.
-  static constexpr double kStatistics = 1, kStep = 2;
+  static constexpr double kStatistics = 1, kStep = 2, kGather = 3;
   bool shadowing = false;  // this rank is a joined rank in a shadow step
 
   // One small allreduce (max) before each statistics pass or step under Join: the kind, the
@@ -81,15 +86,123 @@ struct ZeroOptimizer::Impl {
     double kind, unscale, clip;
     std::vector<double> lrs;
   };
+  // (kGather, stage 3: the unit to gather rides in `unscale`.)
   Control control(double kind, double unscale, double clip) {
-    static const auto kLabel = std::make_shared<const std::string>("ZeRO control (statistics or step)");
+    static const auto kLabel = std::make_shared<const std::string>("ZeRO control (statistics, step or gather)");
     const comm::OperationLabel label(kLabel);
     std::vector<double> words{kind, unscale, clip};
     for (std::size_t g = 0; g < optimizer.group_count(); ++g) words.push_back(kind == 0 ? 0.0 : optimizer.lr(g));
     Tensor tensor = Tensor::from_vector(words, {static_cast<std::int64_t>(words.size())});
-    comm.allreduce_host(tensor, comm::ReduceOp::max);
+    if (kind == 0 && options.stage == 3) {
+      shadow_control(tensor);  // the shadow thread's: it can be told to stop
+    } else {
+      comm.allreduce_host(tensor, comm::ReduceOp::max);
+    }
     const std::vector<double> v = tensor.to_double_vector();
     return {v[0], v[1], v[2], std::vector<double>(v.begin() + 3, v.end())};
+  }
+
+  // --- Stage 3 under dist::Join. The active ranks gather units anywhere in their forward and
+  // backward, and every gather needs each joined rank's pieces; so a joined rank answers them
+  // on a thread of its own (the shadow thread), from the moment it joins, while its own thread
+  // shadows the DataParallel's synchronized steps (whose reduce-scatters wait for the active
+  // ranks' backward, which waits for those gathers). Each gather of an active rank begins with a
+  // control word (kGather and the unit); statistics and steps come as in stages 1 and 2, and the
+  // shadow thread takes part in them too. The rank's own thread waits in shadow_step until the
+  // step of that synchronization is done (its next shadow step zero-fills the gradients the
+  // step reads). When every rank has joined, every rank's shadow thread is in the same control
+  // allreduce, all with zeros: kind 0 ends them.
+  std::thread shadow_thread;
+  std::mutex shadow_mutex;
+  std::condition_variable shadow_changed;
+  std::int64_t shadow_steps_done = 0;    // by the shadow thread
+  std::int64_t shadow_steps_wanted = 0;  // by the synchronizations the rank's thread shadowed
+  bool shadow_over = false;
+  bool shadow_stop = false;  // leaving the Join before every rank joined (an error): stop waiting
+  std::exception_ptr shadow_error;
+  Tensor shadow_words;  // the control word the shadow thread waits on (outlives a stopped wait)
+
+  // The shadow thread's control allreduce: waited for in short slices, so that a Join left
+  // abnormally (an exception on this rank) does not wait for the communicator's timeout.
+  void shadow_control(Tensor& words) {
+    shadow_words = words;
+    comm::WorkHandle work = comm.allreduce_async(shadow_words, comm::ReduceOp::max);
+    while (!work->is_completed()) {
+      {
+        std::unique_lock<std::mutex> lock(shadow_mutex);
+        if (shadow_changed.wait_for(lock, std::chrono::milliseconds(20), [&] { return shadow_stop; })) {
+          detail::throw_error("ZeroOptimizer: the Join was left before every rank joined (the shadow thread stopped)");
+        }
+      }
+    }
+    work->wait();  // its error, if it failed
+    words.copy_from(shadow_words);
+  }
+
+  void begin_shadow_thread() {
+    if (options.stage != 3 || shadow_thread.joinable()) return;
+    shadowing = true;  // the gathers, statistics and steps below announce nothing
+    shadow_steps_done = shadow_steps_wanted = 0;
+    shadow_over = shadow_stop = false;
+    shadow_error = nullptr;
+    shadow_thread = std::thread([this] { serve_shadow(); });
+  }
+
+  void serve_shadow() {
+    try {
+      for (;;) {
+        const Control word = control(0, 0, 0);
+        if (word.kind == 0) break;  // every rank has joined
+        if (word.kind == kGather) {
+          const auto u = static_cast<std::size_t>(word.unscale);  // the unit rides in that slot
+          GRADSYNC_CHECK(u < units.size(), "ZeroOptimizer: a joined rank was asked to gather unit ", u, " of ", units.size());
+          launch_unit_gather(units[u]);  // this rank's pieces go out to the others
+          finish_gather(units[u]);
+          release_unit(units[u]);
+        } else if (word.kind == kStatistics || word.kind == kStep) {
+          follow(word);
+          if (word.kind == kStep) {
+            const std::lock_guard<std::mutex> lock(shadow_mutex);
+            ++shadow_steps_done;
+            shadow_changed.notify_all();
+          }
+        } else {
+          detail::throw_error("ZeroOptimizer: a joined rank expected a gather, statistics or a step, got control word ",
+                              word.kind);
+        }
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(shadow_mutex);
+      shadow_error = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(shadow_mutex);
+    shadow_over = true;
+    shadow_changed.notify_all();
+  }
+
+  // The rank's own thread, after a synchronization the active ranks step after: until the
+  // shadow thread has done that step (bounded: its collectives have the communicator's timeout).
+  void wait_for_shadow_step() {
+    std::unique_lock<std::mutex> lock(shadow_mutex);
+    ++shadow_steps_wanted;
+    shadow_changed.wait(lock, [&] { return shadow_steps_done >= shadow_steps_wanted || shadow_over; });
+    if (shadow_error) std::rethrow_exception(shadow_error);
+    GRADSYNC_CHECK(shadow_steps_done >= shadow_steps_wanted, "ZeroOptimizer: the active ranks synchronized a step ",
+                   "and sent no optimizer step for the joined ranks (ZeRO-3 under dist::Join steps after every ",
+                   "synchronized step)");
+  }
+
+  // Ends the shadow thread: `stop` when leaving before every rank joined (it would otherwise
+  // wait for the others' next control word until the timeout).
+  void end_shadow_thread(bool stop) {
+    if (!shadow_thread.joinable()) return;
+    {
+      const std::lock_guard<std::mutex> lock(shadow_mutex);
+      shadow_stop = stop;
+      shadow_changed.notify_all();
+    }
+    shadow_thread.join();
+    shadowing = false;
   }
 
   bool announces() const {
@@ -115,22 +228,31 @@ struct ZeroOptimizer::Impl {
       ~Reset() { flag = false; }
     } reset{shadowing};
     for (;;) {
-      const auto [kind, unscale, clip, lrs] = control(0, 0, 0);
-      if (kind == kStatistics) {
-        if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
-        (void)optimizer.gradient_statistics();  // combine() takes part in the sums
-      } else if (kind == kStep) {
-        if (unscale != 1.0) optimizer.defer_gradient_unscale(unscale);
-        if (clip != 1.0) optimizer.defer_gradient_clip(clip);
-        for (std::size_t g = 0; g < lrs.size(); ++g) optimizer.set_lr(g, lrs[g]);
-        optimizer.step();
+      const Control word = control(0, 0, 0);
+      if (word.kind == kStatistics) {
+        follow(word);
+      } else if (word.kind == kStep) {
+        follow(word);
         launch_gathers();
         wait_all();
         return;
       } else {
-        detail::throw_error("ZeroOptimizer: a joined rank expected the others' optimizer step, got control word ", kind);
+        detail::throw_error("ZeroOptimizer: a joined rank expected the others' optimizer step, got control word ", word.kind);
       }
     }
+  }
+
+  // A joined rank's part in the active ranks' statistics (kStatistics: its pieces' sums) or
+  // step (kStep: its pieces stepped with their factors and learning rates).
+  void follow(const Control& word) {
+    if (word.unscale != 1.0) optimizer.defer_gradient_unscale(word.unscale);
+    if (word.kind == kStatistics) {
+      (void)optimizer.gradient_statistics();  // combine() takes part in the sums
+      return;
+    }
+    if (word.clip != 1.0) optimizer.defer_gradient_clip(word.clip);
+    for (std::size_t g = 0; g < word.lrs.size(); ++g) optimizer.set_lr(g, word.lrs[g]);
+    optimizer.step();
   }
 
   void build() {
@@ -234,6 +356,8 @@ struct ZeroOptimizer::Impl {
 
   void launch_unit_gather(Unit& unit) {
     if (unit.state != UnitState::released) return;  // gathered or on its way: free
+    // Under Join, the joined ranks' shadow threads learn which unit to give their pieces to.
+    if (announces()) control(kGather, static_cast<double>(&unit - units.data()), 0);
     launch_gather(gathers[unit.bucket]);
     unit.state = UnitState::gathering;
   }
@@ -372,12 +496,19 @@ ZeroOptimizer::ZeroOptimizer(optim::Optimizer& optimizer, const Reducer& reducer
   impl_->build();
 }
 
-ZeroOptimizer::~ZeroOptimizer() { impl_->drain(); }
+ZeroOptimizer::~ZeroOptimizer() {
+  impl_->end_shadow_thread(/*stop=*/true);
+  impl_->drain();
+}
 
 void ZeroOptimizer::step_async() {
   if (impl_->options.stage == 3) {
     // The gathered units' other pieces are about to go stale: every unit back to its pieces,
     // the owned pieces stepped, nothing gathered (the next use gathers).
+    if (impl_->announces()) {  // joined ranks step their pieces with us (their shadow threads)
+      impl_->require_no_scaler_under_join();
+      impl_->control(Impl::kStep, impl_->optimizer.pending_gradient_unscale(), impl_->optimizer.pending_gradient_clip());
+    }
     for (Impl::Unit& unit : impl_->units) impl_->release_unit(unit);
     impl_->optimizer.step();
     impl_->recording = false;
@@ -473,18 +604,29 @@ void ZeroOptimizer::load_state(const std::filesystem::path& path) {
 // ---- Joinable: a joined rank steps its pieces with the others and takes part in the gathers ----
 
 void ZeroOptimizer::join_opened(const JoinOptions* options) {
-  GRADSYNC_CHECK(options == nullptr || impl_->options.stage < 3, "ZeroOptimizer: stage 3 does not take part in ",
-                 "dist::Join yet (a joined rank would have to shadow every gather and reduce-scatter)");
+  if (options == nullptr) impl_->end_shadow_thread(/*stop=*/true);  // left early (an error): no more waiting
+  GRADSYNC_CHECK(options == nullptr || impl_->options.stage < 3 || !options->throw_on_early_termination,
+                 "ZeroOptimizer: stage 3 under dist::Join with throw_on_early_termination is not supported (the ",
+                 "joined rank's shadow thread would wait for gathers that never come)");
   GRADSYNC_CHECK(options == nullptr || impl_->ddp != nullptr, "ZeroOptimizer: only a ZeroOptimizer over a DataParallel ",
                  "joins (the DistributedOptimizer's zero_stage does not combine with join)");
   impl_->inside_join = options != nullptr;
 }
 
+void ZeroOptimizer::begin_shadowing() { impl_->begin_shadow_thread(); }
+
 void ZeroOptimizer::shadow_step(JoinStep& step) {
-  if (step.synchronized && step.optimizer_step_follows) impl_->shadow_step();
+  if (!step.synchronized || !step.optimizer_step_follows) return;
+  if (impl_->options.stage == 3) return impl_->wait_for_shadow_step();  // the shadow thread steps
+  impl_->shadow_step();
 }
 
-void ZeroOptimizer::finish_join(int) {}  // its pieces are current on every rank: nothing to copy
+// Its pieces are current on every rank: nothing to copy. Stage 3: every rank's shadow thread
+// ends with the control word of all zeros.
+void ZeroOptimizer::finish_join(int) {
+  impl_->end_shadow_thread(/*stop=*/false);
+  if (impl_->shadow_error) std::rethrow_exception(std::exchange(impl_->shadow_error, nullptr));
+}
 
 comm::Communicator& ZeroOptimizer::join_communicator() const { return impl_->comm; }
 

@@ -319,6 +319,17 @@ std::vector<double> train_units(Communicator& comm, const UnitRun& run) {
   return values;
 }
 
+// Every rank holds these values, bit for bit (one allgather).
+void expect_every_rank_holds(Communicator& comm, const std::vector<double>& values, const std::string& where) {
+  Tensor mine = Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())});
+  Tensor all = Tensor::empty({mine.numel() * comm.size()}, DType::f64);
+  comm.allgather(mine, all);
+  const std::vector<double> every = all.to_double_vector();
+  for (int r = 1; r < comm.size(); ++r) {
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), every.begin() + r * mine.numel())) << "rank " << r << ", " << where;
+  }
+}
+
 // Stage 3 against stage 2 over the same buckets (the same reduce-scatter, the same element-wise
 // step): bit for bit; against unsharded DataParallel within 1e-6 relative (f32; bf16 weights
 // within 2 ulps of the largest, 2^-6 relative: a different reduction order rounds a bf16 result
@@ -354,13 +365,7 @@ TEST(Zero3, MatchesStageTwoBitwiseAndUnshardedClosely) {
         for (std::size_t i = 0; i < stage3.size(); ++i) {
           ASSERT_NEAR(stage3[i], unsharded[i], bound * largest) << "element " << i << ", " << where;
         }
-        Tensor mine = Tensor::from_vector(stage3, {static_cast<std::int64_t>(stage3.size())});
-        Tensor all = Tensor::empty({mine.numel() * comm.size()}, DType::f64);
-        comm.allgather(mine, all);
-        const std::vector<double> every = all.to_double_vector();
-        for (int r = 1; r < comm.size(); ++r) {
-          EXPECT_TRUE(std::equal(stage3.begin(), stage3.end(), every.begin() + r * mine.numel())) << "rank " << r << ", " << where;
-        }
+        expect_every_rank_holds(comm, stage3, where);
       });
     }
   }
@@ -618,6 +623,70 @@ std::vector<double> unit_values(UnitModel& model, dist::ZeroOptimizer& zero) {
     }
   }
   return values;
+}
+
+// Uneven inputs under dist::Join: rank r has 5 - r steps. The joined ranks answer the active
+// ranks' gathers (forward and backward) on their shadow threads, reduce-scatter zeros, and step
+// their pieces with the active ranks' learning rate, clipping by the active ranks' global norm.
+// Stage 3 ends equal to stage 2 over the same buckets bit for bit, and to unsharded DataParallel
+// under Join within 1e-6; every replica the same.
+TEST(Zero3, UnevenInputsUnderJoin) {
+  for (const int world : {2, 3}) {
+    for (const double clip : {0.0, 0.05}) {
+      comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+        const auto train = [&](int stage) {
+          UnitModel model(3, 29);
+          auto adamw = testing::make_test_optimizer("adamw", model.registry, testing::zero_settings("adamw"));
+          dist::DataParallelOptions options{.bucket_cap_mb = 1e-6, .shard_gradients = stage >= 2};
+          if (stage >= 2) options.units = model.units;
+          dist::DataParallel ddp(model.registry, comm, options);
+          std::unique_ptr<dist::ZeroOptimizer> zero;
+          if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*adamw, ddp, dist::ZeroOptions{.stage = stage});
+          std::vector<dist::Joinable*> participants{&ddp};
+          if (zero) participants.push_back(zero.get());
+          {
+            dist::Join join(participants, {}, adamw.get());
+            for (int t = 0; t < 5 - comm.rank(); ++t) {
+              const std::size_t n = model.units.size();
+              for (std::size_t u = 0; stage == 3 && u < n; ++u) {
+                zero->gather(u);
+                if (u + 1 < n) zero->release(u);
+              }
+              ddp.begin_backward();
+              for (std::size_t u = n; u-- > 0;) {
+                if (stage == 3) zero->gather(u);
+                for (auto it = model.units[u].rbegin(); it != model.units[u].rend(); ++it) {
+                  model.add_gradient(**it, comm.rank(), comm.size(), t);
+                  model.registry.mark_ready(**it);
+                }
+                if (stage == 3) zero->release(u);
+              }
+              ddp.end_backward();
+              if (clip > 0) zero ? zero->clip_grad_norm(clip) : optim::clip_grad_norm(*adamw, clip);
+              adamw->set_lr(0, 0.01 / (1 + t));  // a schedule: the joined ranks step with the active ranks' rate
+              zero ? zero->step() : adamw->step();
+              zero ? zero->zero_grad() : adamw->zero_grad();
+            }
+            join.join();
+          }
+          std::vector<double> values;
+          for (std::size_t u = 0; u < model.units.size(); ++u) {
+            if (stage == 3) zero->gather(u);
+            for (Parameter* p : model.units[u]) {
+              const std::vector<double> v = p->value().to_double_vector();
+              values.insert(values.end(), v.begin(), v.end());
+            }
+          }
+          return values;
+        };
+        const std::string where = std::to_string(world) + " ranks" + (clip > 0 ? ", clipped" : "");
+        const std::vector<double> unsharded = train(0), stage2 = train(2), stage3 = train(3);
+        EXPECT_EQ(stage3, stage2) << where;
+        testing::expect_near_vectors(where, stage3, unsharded, 1e-6);
+        expect_every_rank_holds(comm, stage3, where);
+      });
+    }
+  }
 }
 
 // A stage-3 sharded set holds each rank's pieces of the values with the optimizer's: resumed on

@@ -85,6 +85,8 @@ class Joinable {
   virtual void join_opened(const JoinOptions* options) = 0;
   // Before the first shadow step, on the joining rank: refuse what cannot be shadowed.
   virtual void require_joinable() const {}
+  // The joining rank is about to shadow (after every participant's require_joinable).
+  virtual void begin_shadowing() {}
   // This participant's part in one step of the active ranks (see JoinStep).
   virtual void shadow_step(JoinStep& step) = 0;
   // Every rank has joined; `last_joiner` took every step: make this rank's state its.
