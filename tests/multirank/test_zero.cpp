@@ -573,6 +573,9 @@ TEST(Zero3, Errors) {
     options.units = model.units;
     dist::DataParallel ddp(model.registry, comm, options);
     dist::ZeroOptimizer zero(*sgd, ddp, {.stage = 3});
+    // A joined rank's shadow thread would wait for gathers that never come.
+    EXPECT_GRADSYNC_ERROR(dist::Join({&ddp, &zero}, {.throw_on_early_termination = true}), "stage 3",
+                          "throw_on_early_termination");
     EXPECT_EQ(zero.unit_count(), 3u);
     EXPECT_EQ(zero.unit_of(model.registry.at("block1.bias")), 1u);
     Parameter& bias = model.registry.at("block1.bias");
