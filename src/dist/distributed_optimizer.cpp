@@ -110,6 +110,9 @@ struct DistributedOptimizer::Impl {
     require_same_lines(comm, settings, "DistributedOptimizer", "options");
 
     adasum = options.op == Op::adasum;
+    GRADSYNC_CHECK(options.zero_stage != 3, "zero_stage 3 is DataParallel's (DataParallelOptions::units with ",
+                   "ZeroOptions{.stage = 3}): parameters sharded need an engine that gathers each unit around its use, ",
+                   "and the DistributedOptimizer sees only gradients");
     GRADSYNC_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, "zero_stage ", options.zero_stage,
                    ": expected 0, 1 or 2");
     if (options.zero_stage > 0) {

@@ -208,9 +208,9 @@ TEST_P(MpiHorovodZero, DistributedOptimizerFrontEnd) {
   }
 }
 
-// ZeRO on processes (docs/zero.md): both stages against unsharded DataParallel.
+// ZeRO on processes (docs/zero.md): stages 1-3 against unsharded DataParallel.
 class MpiZero : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
-INSTANTIATE_TEST_SUITE_P(Cases, MpiZero, ::testing::Combine(::testing::Values(1, 2), ::testing::Values("sgd", "adamw")),
+INSTANTIATE_TEST_SUITE_P(Cases, MpiZero, ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values("sgd", "adamw")),
                          [](const auto& info) {
                            return testing::name("stage" + std::to_string(std::get<0>(info.param)), std::get<1>(info.param));
                          });

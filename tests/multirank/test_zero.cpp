@@ -61,7 +61,7 @@ std::vector<ZeroInstance> zero_instances() {
     instances.push_back(instance);
   };
   for (const int world : {2, 3, 4}) {
-    for (const int stage : {1, 2}) {
+    for (const int stage : {1, 2, 3}) {
       const std::string prefix = testing::name(testing::ranks_name(world), "stage" + std::to_string(stage));
       for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
         for (const dist::DDPSyncStrategy strategy : testing::explicit_strategies()) {
@@ -77,7 +77,7 @@ std::vector<ZeroInstance> zero_instances() {
     }
   }
   // 16-bit models with f32 master weights, and clipping.
-  for (const int stage : {1, 2}) {
+  for (const int stage : {1, 2, 3}) {
     const std::string prefix = testing::name(testing::ranks_name(3), "stage" + std::to_string(stage));
     add(3, {.stage = stage, .optimizer = "adamw", .dtype = DType::bf16}, prefix + "_adamw_bf16");
     add(3, {.stage = stage, .optimizer = "sgd", .clip = 0.05}, prefix + "_sgd_clip");
@@ -1125,6 +1125,8 @@ TEST(Zero, DistributedOptimizerErrors) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     testing::ShardModel model(DType::f32);
     auto sgd = testing::make_test_optimizer("sgd", model.registry, testing::zero_settings("sgd"));
+    EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.zero_stage = 3}), "zero_stage 3 is DataParallel's",
+                          "units");
     EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.op = dist::Op::adasum, .zero_stage = 1}),
                           "zero_stage does not combine with op Adasum");
     EXPECT_GRADSYNC_ERROR(dist::DistributedOptimizer(*sgd, comm, {.sparse_parameters = {model.parameters[0]},

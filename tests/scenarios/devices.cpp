@@ -282,6 +282,8 @@ void distributed_optimizer_options(comm::Communicator& comm, Device device) {
 void zero_and_join(comm::Communicator& comm, Device device) {
   zero_matches_unsharded(comm, {.stage = 1, .optimizer = "adam", .steps = 4, .device = device});
   zero_matches_unsharded(comm, {.stage = 2, .optimizer = "sgd", .clip = 0.5, .steps = 4, .device = device});
+  zero_matches_unsharded(comm, {.stage = 3, .optimizer = "adamw", .strategy = dist::DDPSyncStrategy::multi_auto_sync,
+                                .clip = 0.5, .steps = 4, .device = device});
   if (comm.size() >= 2) {
     uneven_data_parallel(comm, {.epochs = 1, .device = device});
     uneven_data_parallel(comm, {.optimizer = "adam", .epochs = 1, .zero_stage = 1, .device = device});

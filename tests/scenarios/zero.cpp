@@ -24,20 +24,32 @@ std::vector<char> train_sharded(comm::Communicator& comm, const ZeroCase& c, int
   const optim::MasterWeights master = c.dtype == DType::f32 ? optim::MasterWeights::none : optim::MasterWeights::f32;
   std::unique_ptr<optim::Optimizer> optimizer =
       make_test_optimizer(c.optimizer, model.registry, zero_settings(c.optimizer), master);
-  dist::DataParallel ddp(model.registry, comm,
-                         {.bucket_cap_mb = c.bucket_cap_mb, .find_unused_parameters = c.find_unused_parameters,
-                          .shard_gradients = zero_stage == 2});
+  dist::DataParallelOptions options{.bucket_cap_mb = c.bucket_cap_mb, .find_unused_parameters = c.find_unused_parameters,
+                                    .shard_gradients = zero_stage >= 2};
+  // Stage 3: each parameter a unit (the embedding and the weight one together).
+  if (zero_stage == 3) {
+    options.units = {{model.parameters[0], model.parameters[1]}, {model.parameters[2]}, {model.parameters[3]},
+                     {model.parameters[4]}};
+  }
+  dist::DataParallel ddp(model.registry, comm, options);
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (zero_stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(*optimizer, ddp, dist::ZeroOptions{.stage = zero_stage});
+  const auto gather_all = [&] {
+    for (std::size_t u = 0; zero_stage == 3 && u < zero->unit_count(); ++u) zero->gather(u);
+  };
   const Parameter* bias = model.parameters[2];
   for (int step = 0; step < c.steps; ++step) {
     for (int micro = 0; micro < 2; ++micro) {
       auto context = dist::ddp_sync_context(ddp, micro == 1, c.strategy);
+      // Stage 3: the model gathered for the backward, which reads every value (released after
+      // it: the units' other pieces go back until the next use).
+      gather_all();
       ddp.begin_backward();
       const bool skip = c.find_unused_parameters && (step + comm.rank() + micro) % 3 == 0;
       model.backward(comm.rank(), step, micro, skip ? bias : nullptr);
       ddp.end_backward();
       context.close();
+      for (std::size_t u = 0; zero_stage == 3 && u < zero->unit_count(); ++u) zero->release(u);
     }
     if (c.clip > 0) {
       const double norm = zero ? zero->clip_grad_norm(c.clip) : optim::clip_grad_norm(*optimizer, c.clip);
@@ -62,6 +74,7 @@ std::vector<char> train_sharded(comm::Communicator& comm, const ZeroCase& c, int
     EXPECT_GE(owned, total / comm.size() - buckets * comm.size());
     EXPECT_FALSE(optimizer->state(*model.parameters[0], optimizer->state_buffer_names()[0]).defined());
   }
+  gather_all();  // stage 3: the whole model, to compare
   return arena_bytes(model.registry);
 }
 

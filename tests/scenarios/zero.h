@@ -42,6 +42,7 @@ struct HorovodZeroCase {
 // ZeRO's weights equal unsharded DataParallel's: bitwise for stage 1 without clipping or AUTO (AUTO
 // may time its trials differently in the two runs and pick another strategy; the same
 // allreduce, an element-wise update), within 1e-6 relative otherwise; every replica the same.
+// Stage 3 makes each parameter a unit (the first two one unit), gathered for the backward.
 void zero_matches_unsharded(comm::Communicator& comm, const ZeroCase& c);
 
 // Stages 1 and 2 against unsharded, clipping before each step: within 1e-6 (the clipping norm
