@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -108,32 +109,32 @@ struct ZeroOptimizer::Impl {
   // shadows the DataParallel's synchronized steps (whose reduce-scatters wait for the active
   // ranks' backward, which waits for those gathers). Each gather of an active rank begins with a
   // control word (kGather and the unit); statistics and steps come as in stages 1 and 2, and the
-  // shadow thread takes part in them too. The rank's own thread waits in shadow_step until the
-  // step of that synchronization is done (its next shadow step zero-fills the gradients the
-  // step reads). When every rank has joined, every rank's shadow thread is in the same control
+  // shadow thread takes part in them too, but only once the rank's own thread has finished
+  // shadowing the synchronization they follow (which writes the reduced pieces they read); the
+  // rank's own thread then waits in shadow_step until that step is done (its next shadow step
+  // zero-fills the gradients the step reads). When every rank has joined, every rank's shadow thread is in the same control
   // allreduce, all with zeros: kind 0 ends them.
   std::thread shadow_thread;
   std::mutex shadow_mutex;
   std::condition_variable shadow_changed;
-  std::int64_t shadow_steps_done = 0;    // by the shadow thread
-  std::int64_t shadow_steps_wanted = 0;  // by the synchronizations the rank's thread shadowed
+  std::int64_t shadow_steps_done = 0;  // steps the shadow thread has done
+  std::int64_t shadow_syncs = 0;       // synchronizations (each followed by a step) the rank's thread has shadowed
   bool shadow_over = false;
-  bool shadow_stop = false;  // leaving the Join before every rank joined (an error): stop waiting
+  std::atomic<bool> shadow_stop{false};  // leaving the Join before every rank joined (an error): stop waiting
   std::exception_ptr shadow_error;
   Tensor shadow_words;  // the control word the shadow thread waits on (outlives a stopped wait)
 
-  // The shadow thread's control allreduce: waited for in short slices, so that a Join left
-  // abnormally (an exception on this rank) does not wait for the communicator's timeout.
+  // The shadow thread's control allreduce, polled (every 100 us: the gather it announces waits
+  // for this rank's answer) so that a Join left abnormally (an exception on this rank) does not
+  // wait for the communicator's timeout.
   void shadow_control(Tensor& words) {
     shadow_words = words;
     comm::WorkHandle work = comm.allreduce_async(shadow_words, comm::ReduceOp::max);
     while (!work->is_completed()) {
-      {
-        std::unique_lock<std::mutex> lock(shadow_mutex);
-        if (shadow_changed.wait_for(lock, std::chrono::milliseconds(20), [&] { return shadow_stop; })) {
-          detail::throw_error("ZeroOptimizer: the Join was left before every rank joined (the shadow thread stopped)");
-        }
+      if (shadow_stop.load()) {
+        detail::throw_error("ZeroOptimizer: the Join was left before every rank joined (the shadow thread stopped)");
       }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     work->wait();  // its error, if it failed
     words.copy_from(shadow_words);
@@ -142,8 +143,9 @@ struct ZeroOptimizer::Impl {
   void begin_shadow_thread() {
     if (options.stage != 3 || shadow_thread.joinable()) return;
     shadowing = true;  // the gathers, statistics and steps below announce nothing
-    shadow_steps_done = shadow_steps_wanted = 0;
-    shadow_over = shadow_stop = false;
+    shadow_steps_done = shadow_syncs = 0;
+    shadow_over = false;
+    shadow_stop = false;
     shadow_error = nullptr;
     shadow_thread = std::thread([this] { serve_shadow(); });
   }
@@ -160,6 +162,13 @@ struct ZeroOptimizer::Impl {
           finish_gather(units[u]);
           release_unit(units[u]);
         } else if (word.kind == kStatistics || word.kind == kStep) {
+          {
+            // The rank's own thread may still be finishing the synchronization this step follows
+            // (writing the reduced pieces that the statistics and the step read): wait for it.
+            std::unique_lock<std::mutex> lock(shadow_mutex);
+            shadow_changed.wait(lock, [&] { return shadow_syncs > shadow_steps_done || shadow_stop.load(); });
+            if (shadow_stop.load()) detail::throw_error("ZeroOptimizer: the Join was left before every rank joined");
+          }
           follow(word);
           if (word.kind == kStep) {
             const std::lock_guard<std::mutex> lock(shadow_mutex);
@@ -180,14 +189,16 @@ struct ZeroOptimizer::Impl {
     shadow_changed.notify_all();
   }
 
-  // The rank's own thread, after a synchronization the active ranks step after: until the
-  // shadow thread has done that step (bounded: its collectives have the communicator's timeout).
+  // The rank's own thread, after a synchronization the active ranks step after: lets the shadow
+  // thread take that step's statistics and step (they read the gradients the synchronization
+  // wrote), and waits until it has (bounded: its collectives have the communicator's timeout).
   void wait_for_shadow_step() {
     std::unique_lock<std::mutex> lock(shadow_mutex);
-    ++shadow_steps_wanted;
-    shadow_changed.wait(lock, [&] { return shadow_steps_done >= shadow_steps_wanted || shadow_over; });
+    ++shadow_syncs;  // this synchronization is shadowed: the shadow thread may read its gradients
+    shadow_changed.notify_all();
+    shadow_changed.wait(lock, [&] { return shadow_steps_done >= shadow_syncs || shadow_over; });
     if (shadow_error) std::rethrow_exception(shadow_error);
-    GRADSYNC_CHECK(shadow_steps_done >= shadow_steps_wanted, "ZeroOptimizer: the active ranks synchronized a step ",
+    GRADSYNC_CHECK(shadow_steps_done >= shadow_syncs, "ZeroOptimizer: the active ranks synchronized a step ",
                    "and sent no optimizer step for the joined ranks (ZeRO-3 under dist::Join steps after every ",
                    "synchronized step)");
   }
