@@ -89,17 +89,25 @@ struct ZeroOptimizer::Impl {
   };
   // (kGather, stage 3: the unit to gather rides in `unscale`.)
   Control control(double kind, double unscale, double clip) {
+    const comm::OperationLabel label(control_label());
+    Tensor words = control_words(kind, unscale, clip);
+    comm.allreduce_host(words, comm::ReduceOp::max);
+    return parse_control(words);
+  }
+
+  static std::shared_ptr<const std::string> control_label() {
     static const auto kLabel = std::make_shared<const std::string>("ZeRO control (statistics, step or gather)");
-    const comm::OperationLabel label(kLabel);
+    return kLabel;
+  }
+
+  Tensor control_words(double kind, double unscale, double clip) const {
     std::vector<double> words{kind, unscale, clip};
     for (std::size_t g = 0; g < optimizer.group_count(); ++g) words.push_back(kind == 0 ? 0.0 : optimizer.lr(g));
-    Tensor tensor = Tensor::from_vector(words, {static_cast<std::int64_t>(words.size())});
-    if (kind == 0 && options.stage == 3) {
-      shadow_control(tensor);  // the shadow thread's: it can be told to stop
-    } else {
-      comm.allreduce_host(tensor, comm::ReduceOp::max);
-    }
-    const std::vector<double> v = tensor.to_double_vector();
+    return Tensor::from_vector(words, {static_cast<std::int64_t>(words.size())});
+  }
+
+  static Control parse_control(const Tensor& words) {
+    const std::vector<double> v = words.to_double_vector();
     return {v[0], v[1], v[2], std::vector<double>(v.begin() + 3, v.end())};
   }
 
@@ -112,8 +120,8 @@ struct ZeroOptimizer::Impl {
   // shadow thread takes part in them too, but only once the rank's own thread has finished
   // shadowing the synchronization they follow (which writes the reduced pieces they read); the
   // rank's own thread then waits in shadow_step until that step is done (its next shadow step
-  // zero-fills the gradients the step reads). When every rank has joined, every rank's shadow thread is in the same control
-  // allreduce, all with zeros: kind 0 ends them.
+  // zero-fills the gradients the step reads). When every rank has joined, every rank's shadow
+  // thread is in the same control allreduce, all with zeros: kind 0 ends them.
   std::thread shadow_thread;
   std::mutex shadow_mutex;
   std::condition_variable shadow_changed;
@@ -124,11 +132,12 @@ struct ZeroOptimizer::Impl {
   std::exception_ptr shadow_error;
   Tensor shadow_words;  // the control word the shadow thread waits on (outlives a stopped wait)
 
-  // The shadow thread's control allreduce, polled (every 100 us: the gather it announces waits
-  // for this rank's answer) so that a Join left abnormally (an exception on this rank) does not
-  // wait for the communicator's timeout.
-  void shadow_control(Tensor& words) {
-    shadow_words = words;
+  // The shadow thread's control(0, 0, 0): its allreduce polled (every 100 us: the gather it
+  // announces waits for this rank's answer), so that a Join left abnormally (an exception on
+  // this rank) does not wait for the communicator's timeout.
+  Control shadow_control() {
+    const comm::OperationLabel label(control_label());
+    shadow_words = control_words(0, 0, 0);
     comm::WorkHandle work = comm.allreduce_async(shadow_words, comm::ReduceOp::max);
     while (!work->is_completed()) {
       if (shadow_stop.load()) {
@@ -137,7 +146,7 @@ struct ZeroOptimizer::Impl {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     work->wait();  // its error, if it failed
-    words.copy_from(shadow_words);
+    return parse_control(shadow_words);
   }
 
   void begin_shadow_thread() {
@@ -153,7 +162,7 @@ struct ZeroOptimizer::Impl {
   void serve_shadow() {
     try {
       for (;;) {
-        const Control word = control(0, 0, 0);
+        const Control word = shadow_control();
         if (word.kind == 0) break;  // every rank has joined
         if (word.kind == kGather) {
           const auto u = static_cast<std::size_t>(word.unscale);  // the unit rides in that slot

@@ -118,10 +118,10 @@ class ZeroOptimizer : public Joinable {
   void load_state(const std::filesystem::path& path);
 
   // Sharded checkpoints, for states no rank should hold whole: in `folder`, every rank writes
-  // its pieces (at stage 3 its pieces of the values too) to set-<id>/rank<R>.safetensors, and once all are written rank 0 points
-  // folder/manifest.json at the new set (an atomic rename) and removes the old sets. A crash or
-  // a failed write anywhere before that leaves the previous complete set in force; a failure is
-  // an error on every rank. Collective.
+  // its pieces (at stage 3 its pieces of the values too) to set-<id>/rank<R>.safetensors, and
+  // once all are written rank 0 points folder/manifest.json at the new set (an atomic rename)
+  // and removes the old sets. A crash or a failed write anywhere before that leaves the previous
+  // complete set in force; a failure is an error on every rank. Collective.
   void save_sharded(const std::filesystem::path& folder);
   // Loads the set the manifest names. Saved by another world size (or other buckets), it is an
   // error unless `reshard`: then each rank reads its pieces from whichever files hold them.
