@@ -13,7 +13,9 @@
 // One step, top to bottom: for each microbatch, the model's forward and backward (each
 // gradient accumulates and is marked ready, the last layer's first; on the last microbatch
 // DataParallel reduces the buckets while the backward goes on); then the global norm clipped,
-// the learning rate of the step set, AdamW's step. On the CPU, in f32 or bf16 (f32 masters);
+// the learning rate of the step set, AdamW's step. On the CPU or a GPU per rank (--device cuda:
+// the model's parameters, activations and arithmetic on the device, gpt/gpt_kernels.cu; NCCL
+// between GPUs, or Gloo / MPI staging through the host), in f32 or bf16 (f32 masters);
 // --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does, --zero 3 the
 // parameters too (the model gathers each block around its use: Gpt::shard); --sync-strategy picks
 // when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join.
@@ -71,7 +73,8 @@ int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf(
-        "gpt_ddp flags:\n  --data train.bin (uint16 tokens)   --vocab-size V   --backend auto|gloo|mpi\n"
+        "gpt_ddp flags:\n  --data train.bin (uint16 tokens)   --vocab-size V   --backend auto|gloo|mpi|nccl\n"
+        "  --device cpu|cuda|cuda:N (cuda: the local rank's GPU; with auto, NCCL when every rank has one)\n"
         "  --layers 2 --heads 2 --embd 64 --block 32 --gelu tanh|erf   --init WEIGHTS.safetensors   --seed 1\n"
         "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
@@ -89,6 +92,7 @@ int main(int argc, char** argv) try {
   const std::string data_path = flags.text("--data", "");
   const std::int64_t vocab = flags.integer("--vocab-size", 0);
   const std::string backend = flags.text("--backend", "auto");
+  const std::string device_text = flags.text("--device", "cpu");
   examples::GptConfig config;
   config.layers = flags.integer("--layers", 2);
   config.heads = flags.integer("--heads", 2);
@@ -133,12 +137,14 @@ int main(int argc, char** argv) try {
 
 
   // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
-  auto comm = comm::connect(backend);
+  examples::Ranks ranks = examples::connect_ranks(backend, Device::parse(device_text), device_text == "cuda");
+  std::unique_ptr<comm::Communicator> comm = std::move(ranks.comm);
+  const Device device = ranks.device;
   const std::vector<std::int32_t> data = read_tokens(data_path, vocab);
   GRADSYNC_CHECK(static_cast<std::int64_t>(data.size()) > length + 1, data_path, " holds ", data.size(),
                  " tokens, fewer than a sequence of ", length, " and its target");
   ParameterRegistry registry;
-  examples::Gpt model(registry, config, precision == "bf16" ? DType::bf16 : DType::f32);
+  examples::Gpt model(registry, config, precision == "bf16" ? DType::bf16 : DType::f32, device);
   registry.finalize();
   if (init.empty()) {
     model.initialize(static_cast<std::uint64_t>(seed));
@@ -181,9 +187,9 @@ int main(int argc, char** argv) try {
   }
   examples::Metrics metrics(metrics_path, comm->rank() == 0);
   if (comm->rank() == 0 && !quiet) {
-    std::printf("gpt_ddp: %d rank(s) on %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
+    std::printf("gpt_ddp: %d rank(s) on %s, %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
                 "%lld x %lld sequences of %lld per step\n",
-                comm->size(), comm->backend(), static_cast<long long>(model.parameter_count()),
+                comm->size(), comm->backend(), device.str().c_str(), static_cast<long long>(model.parameter_count()),
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.embd), static_cast<long long>(config.block), data.size(),
                 static_cast<long long>(comm->size()), static_cast<long long>(batch), static_cast<long long>(length));

@@ -117,6 +117,15 @@ run horovod_nccl_fp16_bpps2 "$bundle/bin/horovod_style" --backend nccl --device 
   --backward-passes-per-step 2 "${digits[@]}"
 run horovod_gloo2_fp16_bpps2 scripts/launch.sh 2 "$bundle/bin/horovod_style" --backend gloo --device cuda \
   --compression fp16 --backward-passes-per-step 2 "${digits[@]}"
+# The GPT trainer with its model on the GPU (examples/gpt/gpt_kernels.cu): the device's forward
+# and backward against the host's and against finite differences, then 20 steps against
+# PyTorch's on one rank, two sharing the GPU (ZeRO 0 and 3), bf16, and NCCL with several GPUs.
+run gpt_model_cuda "$bundle/bin/test_gpt_model" --gtest_brief=1 --gtest_filter='GptModelCuda.*'
+run gpt_trainer_cuda env GRADSYNC_EXAMPLES="$bundle/bin" GRADSYNC_COMPARE="$bundle/bin/compare_checkpoints" \
+  tests/examples/trainers.sh gpt_cuda "$bundle" "$PWD"
+# Its speed on the GPU: nanoGPT's shakespeare_char size (6 x 6 x 384, block 256), 16 sequences.
+run gpt_speed_cuda "$bundle/bin/gpt_ddp" --data tests/fixtures/gpt_train.bin --vocab-size 17 --layers 6 --heads 6 \
+  --embd 384 --block 256 --batch 16 --steps 30 --device cuda
 if ((gpus >= 2)); then
   run "digits_nccl_np$gpus" scripts/launch.sh "$gpus" "$bundle/bin/digits_ddp" --backend nccl --device cuda \
     --microbatches 2 --sync-strategy forced --find-unused "${digits[@]}"
@@ -131,3 +140,4 @@ grep -hE '^allreduce +(4|1048576|4194304|268435456) ' "$out/bench_nccl.log" | se
 grep -hE '^ +(4096|1048576|16777216|67108864) ' "$out/bench_gloo_staged.log" | sed 's/^/staged/'
 grep -hE '^(single|multi|forced) ' "$out/bench_ddp_nccl.log" | sed 's/^/ddp nccl  /'
 grep -hE '^(single|multi|forced) ' "$out/bench_ddp_gloo_staged.log" | sed 's/^/ddp gloo2 /'
+grep -hE '^step +29 ' "$out/gpt_speed_cuda.log" | sed 's/^/gpt cuda  /'

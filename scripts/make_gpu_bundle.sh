@@ -28,7 +28,8 @@ binaries=(build-gpu/tests/test_gpu build-gpu/tests/test_tensor build-gpu/tests/t
           build-gpu/tests/test_powersgd
           build-gpu/benchmarks/bench_ops build-gpu/benchmarks/bench_checkpoint build-gpu/benchmarks/bench_optimizers
           build-gpu/benchmarks/bench_collectives build-gpu/benchmarks/bench_ddp
-          build-gpu/examples/digits_ddp build-gpu/examples/horovod_style)
+          build-gpu/examples/digits_ddp build-gpu/examples/horovod_style
+          build-gpu/examples/gpt_ddp build-gpu/tests/test_gpt_model build-gpu/tests/compare_checkpoints)
 cp "${binaries[@]}" gpu_bundle/bin/
 # The test fixtures and the trainers' data travel with the working tree (tests/fixtures,
 # examples/data); gpu_check.sh points the binaries there.

@@ -367,6 +367,19 @@ std::optional<std::pair<int, std::int64_t>> rank_and_number(Flags& flags, const 
 
 }  // namespace
 
+Ranks connect_ranks(const std::string& backend, Device device, bool any_gpu) {
+  Ranks ranks;
+  // The communicator; with NCCL the GPU is the one chosen for this rank.
+  ranks.comm = comm::connect(backend, device);
+  // With Gloo or MPI and --device cuda, the GPU of this rank's local rank too (several ranks
+  // share one when there are fewer GPUs than ranks); their tensors are staged through host memory.
+  ranks.device = ranks.comm->device_type().is_cuda() ? ranks.comm->device_type() : device;
+  if (ranks.device.is_cuda() && any_gpu && cuda_device_count() > 0) {
+    ranks.device = Device::cuda(comm::local_rank_from_environment(ranks.comm->rank()) % cuda_device_count());
+  }
+  return ranks;
+}
+
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
   TrainerOptions o;
   o.backend = flags.text("--backend", "auto");
@@ -424,14 +437,9 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
 
 std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   auto t = std::make_unique<Training>();
-  // The communicator; with NCCL the GPU is the one chosen for this rank.
-  t->comm = comm::connect(options.backend, options.device);
-  // With Gloo or MPI and --device cuda, the GPU of this rank's local rank too (several ranks
-  // share one when there are fewer GPUs than ranks); their tensors are staged through host memory.
-  t->device = t->comm->device_type().is_cuda() ? t->comm->device_type() : options.device;
-  if (t->device.is_cuda() && options.device_is_any_gpu && cuda_device_count() > 0) {
-    t->device = Device::cuda(comm::local_rank_from_environment(t->comm->rank()) % cuda_device_count());
-  }
+  Ranks ranks = connect_ranks(options.backend, options.device, options.device_is_any_gpu);
+  t->comm = std::move(ranks.comm);
+  t->device = ranks.device;
   if (!options.timeline.empty()) timeline::start(options.timeline, t->comm->rank());
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);

@@ -135,6 +135,14 @@ class Metrics {
 
 // ---- The training run every trainer shares ----------------------------------------------------
 
+// The ranks of the job and this rank's device: `device` as --device names it (any_gpu: plain
+// "cuda", which means the GPU of this rank's local rank); NCCL picks its own.
+struct Ranks {
+  std::unique_ptr<comm::Communicator> comm;
+  Device device;
+};
+Ranks connect_ranks(const std::string& backend, Device device, bool any_gpu);
+
 // The flags common to the trainers (each adds its own before calling finish()).
 struct TrainerOptions {
   std::string backend, optimizer, data, init, save, resume, metrics;

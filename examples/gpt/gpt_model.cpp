@@ -1,18 +1,14 @@
-// nanoGPT's GPT, forward and backward by hand (gpt_model.h). Row-major throughout: a [N, C]
-// activation is N rows of C; a Linear's weight is [out, in], as PyTorch stores it, so
-// y = x W^T + b. The products go through Eigen; the rest are plain loops a reader can check
-// against model.py line by line.
+// nanoGPT's GPT, forward and backward by hand (gpt_model.h). The step is written once, as the
+// sequence of operations of gpt_kernels.h on the model's device; the shapes and the order of
+// the operations are nanoGPT's model.py, line by line.
 #include "gpt_model.h"
 
-#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <numbers>
 #include <random>
+#include <type_traits>
 
 #include "gradsync/core/error.h"
-#include "gradsync/core/half.h"
 #include "gradsync/kernels/ops.h"
 
 #ifdef GPT_WITH_OPENBLAS
@@ -24,165 +20,94 @@ namespace gradsync::examples {
 namespace {
 
 template <typename T>
-using Rows = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using View = Eigen::Map<Rows<T>>;
-template <typename T>
-using ConstView = Eigen::Map<const Rows<T>>;
-// A block of columns of a wider row-major matrix (one head's q, k or v inside qkv).
-template <typename T>
-using Columns = Eigen::Map<const Rows<T>, 0, Eigen::OuterStride<>>;
-template <typename T>
-using MutableColumns = Eigen::Map<Rows<T>, 0, Eigen::OuterStride<>>;
-
-// out[N, O] = in[N, I] W[O, I]^T + b[O]
-template <typename T>
-void linear(T* out, const T* in, const T* w, const T* b, std::int64_t n, std::int64_t i, std::int64_t o) {
-  View<T> y(out, n, o);
-  y.noalias() = ConstView<T>(in, n, i) * ConstView<T>(w, o, i).transpose();
-  if (b != nullptr) y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b, o);
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  if constexpr (std::is_same_v<T, double>) return DType::f64;
+  return DType::i32;
 }
 
-// The gradients of linear: din += dout W, dW += dout^T in, db += the column sums of dout.
+// Memory of T on the model's device that a step keeps for the next (a gradsync Tensor: host or
+// CUDA memory alike). Fresh buffers of a step's size come from mmap or cudaMalloc, whose cost
+// (12% of a step on the host, in page faults) a reused buffer does not pay.
 template <typename T>
-void linear_backward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, std::int64_t n, std::int64_t i,
-                     std::int64_t o) {
-  ConstView<T> g(dout, n, o);
-  if (din != nullptr) View<T>(din, n, i).noalias() += g * ConstView<T>(w, o, i);
-  View<T>(dw, o, i).noalias() += g.transpose() * ConstView<T>(in, n, i);
-  if (db != nullptr) Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(db, o) += g.colwise().sum();
-}
-
-// LayerNorm over the last dimension (eps 1e-5, the biased variance, as nn.LayerNorm); keeps
-// each row's mean and 1/std for the backward.
-template <typename T>
-void layernorm(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, std::int64_t n, std::int64_t c) {
-  for (std::int64_t r = 0; r < n; ++r) {
-    const T* row = x + r * c;
-    T m = 0;
-    for (std::int64_t j = 0; j < c; ++j) m += row[j];
-    m /= static_cast<T>(c);
-    T v = 0;
-    for (std::int64_t j = 0; j < c; ++j) v += (row[j] - m) * (row[j] - m);
-    v /= static_cast<T>(c);
-    const T s = 1 / std::sqrt(v + static_cast<T>(1e-5));
-    for (std::int64_t j = 0; j < c; ++j) out[r * c + j] = (row[j] - m) * s * w[j] + b[j];
-    mean[r] = m;
-    rstd[r] = s;
+class Buffer {
+ public:
+  // At least n elements, their values unspecified.
+  T* reserve(Device device, std::int64_t n) {
+    if (!memory_.defined() || memory_.numel() < n) memory_ = Tensor::empty({std::max<std::int64_t>(n, 1)}, dtype_of<T>(), device);
+    return data();
   }
-}
-
-// dx += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, with dnorm = dout * w;
-// dw += dout * norm; db += dout.
-template <typename T>
-void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
-                        std::int64_t n, std::int64_t c) {
-  for (std::int64_t r = 0; r < n; ++r) {
-    const T* g = dout + r * c;
-    const T* row = x + r * c;
-    T dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (std::int64_t j = 0; j < c; ++j) {
-      const T norm = (row[j] - mean[r]) * rstd[r];
-      dnorm_mean += g[j] * w[j];
-      dnorm_norm_mean += g[j] * w[j] * norm;
-    }
-    dnorm_mean /= static_cast<T>(c);
-    dnorm_norm_mean /= static_cast<T>(c);
-    for (std::int64_t j = 0; j < c; ++j) {
-      const T norm = (row[j] - mean[r]) * rstd[r];
-      dx[r * c + j] += (g[j] * w[j] - dnorm_mean - norm * dnorm_norm_mean) * rstd[r];
-      dw[j] += g[j] * norm;
-      db[j] += g[j];
-    }
+  T* data() const { return memory_.data_as<T>(); }
+  // n elements from `offset`, on the host.
+  std::vector<double> read(std::int64_t offset, std::int64_t n) const {
+    return memory_.view(static_cast<std::size_t>(offset), {n}).to_double_vector();
   }
-}
-
-// GELU over n values, out = gelu(x), and its derivative multiplied into g (g *= gelu'(x)). The
-// tanh form goes through Eigen's arrays, whose tanh is vectorized (a rational approximation
-// within a few ulp, as PyTorch's own vectorized tanh); erf stays libm's.
-template <typename T>
-using Values = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstValues = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-template <typename T>
-void gelu(T* out, const T* in, std::int64_t n, bool tanh_form) {
-  const ConstValues<T> x(in, n);
-  if (tanh_form) {
-    const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
-    Values<T>(out, n) = static_cast<T>(0.5) * x * (1 + (k * (x + static_cast<T>(0.044715) * x * x * x)).tanh());
-    return;
+  void write(const std::vector<std::int32_t>& values) {  // from the host (copy_from only reads it)
+    const std::int64_t n = static_cast<std::int64_t>(values.size());
+    memory_.view(0, {n}).copy_from(Tensor::wrap(const_cast<std::int32_t*>(values.data()), {n}, DType::i32));
   }
-  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(0.5) * in[i] * (1 + std::erf(in[i] / std::sqrt(static_cast<T>(2))));
-}
 
-template <typename T>
-void gelu_backward(T* g, const T* in, std::int64_t n, bool tanh_form) {
-  const ConstValues<T> x(in, n);
-  if (tanh_form) {
-    const T k = std::sqrt(static_cast<T>(2) / std::numbers::pi_v<T>);
-    const Eigen::Array<T, Eigen::Dynamic, 1> t = (k * (x + static_cast<T>(0.044715) * x * x * x)).tanh();
-    Values<T>(g, n) *= static_cast<T>(0.5) * (1 + t) +
-                       static_cast<T>(0.5) * x * (1 - t * t) * k * (1 + 3 * static_cast<T>(0.044715) * x * x);
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T cdf = static_cast<T>(0.5) * (1 + std::erf(in[i] / std::sqrt(static_cast<T>(2))));
-    const T pdf = std::exp(-in[i] * in[i] / 2) / std::sqrt(2 * std::numbers::pi_v<T>);
-    g[i] *= cdf + in[i] * pdf;
-  }
-}
+ private:
+  Tensor memory_;
+};
 
 // What one block keeps for its backward.
 template <typename T>
 struct BlockActivations {
-  std::vector<T> input, ln_1, ln_1_mean, ln_1_rstd, qkv, att, y, x_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu;
+  Buffer<T> input, ln_1, ln_1_mean, ln_1_rstd, qkv, att, y, x_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu;
 };
 
 template <typename T>
 struct Activations {
+  Buffer<std::int32_t> tokens, targets;
   std::vector<BlockActivations<T>> blocks;
-  std::vector<T> x_final, ln_f, ln_f_mean, ln_f_rstd, probs;  // probs: softmax of the logits
-  // Working buffers of the forward and the backward. The whole structure is kept from one step
-  // to the next (Gpt::spare_), so that a step reuses its memory instead of allocating afresh:
-  // fresh buffers of this size come from mmap, and their page faults cost 12% of a step.
-  std::vector<T> x, projected, dlogits, dx, dln, dfc, dy, dqkv;
+  Buffer<T> x_final, ln_f, ln_f_mean, ln_f_rstd, probs;  // probs: softmax of the logits
+  Buffer<T> target_probs;  // each token's probability of its target (the loss is the mean of -log)
+  // Working buffers of the forward and the backward.
+  Buffer<T> x, projected, dlogits, dx, dln, dfc, dy, dqkv, dscores;
 };
 
-// `v` holding n zeros, its capacity kept.
-template <typename T>
-std::vector<T>& zeroed(std::vector<T>& v, std::int64_t n) {
-  v.assign(static_cast<std::size_t>(n), T(0));
-  return v;
-}
-
 }  // namespace
+
+template <>
+const GptKernels<float>& Gpt::kernels<float>() const {
+  return *f32_kernels_;
+}
+template <>
+const GptKernels<double>& Gpt::kernels<double>() const {
+  return *f64_kernels_;
+}
 
 // A parameter's values and gradient as the compute type T sees them: the parameter's own memory,
 // or with bf16 parameters the f32 copies of this step (compute_).
 template <typename T>
 T* Gpt::values(Parameter* p) {
   if (dtype_ != DType::bf16) return p->value().data_as<T>();
-  return reinterpret_cast<T*>(compute_.at(p).values.data());
+  return compute_.at(p).values.data_as<T>();
 }
 template <typename T>
 T* Gpt::grads(Parameter* p) {
   if (dtype_ != DType::bf16) return p->grad_for_accumulate().data_as<T>();
-  return reinterpret_cast<T*>(compute_.at(p).grads.data());
+  return compute_.at(p).grads.data_as<T>();
 }
 
 // The gradient of `p` is complete: with bf16 parameters, this backward's f32 gradient is first
-// added into the bf16 gradient (rounded once per backward, as PyTorch's bf16 .grad is).
+// added into the bf16 gradient (widened exactly, the sum rounded once per backward, as PyTorch's
+// bf16 .grad is), through gradsync's own conversions on the parameter's device.
 void Gpt::ready(Parameter* p) {
   if (dtype_ == DType::bf16) {
-    const std::vector<float>& computed = compute_.at(p).grads;
-    auto* bits = static_cast<std::uint16_t*>(p->grad_for_accumulate().data());
-    for (std::size_t i = 0; i < computed.size(); ++i) bits[i] = float_to_bf16_bits(bf16_bits_to_float(bits[i]) + computed[i]);
+    Tensor grad = p->grad_for_accumulate();
+    if (!sum_.defined() || sum_.numel() < p->numel()) sum_ = Tensor::empty({p->numel()}, DType::f32, device_);
+    Tensor sum = sum_.view(0, p->shape());
+    ops::cast(grad, sum);
+    ops::axpy(1.0, compute_.at(p).grads, sum);
+    ops::cast(sum, grad);
   }
   registry_.mark_ready(*p);
 }
 
-Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_(registry), config_(config), dtype_(dtype) {
+Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype, Device device)
+    : registry_(registry), config_(config), dtype_(dtype), device_(device) {
 #ifdef GPT_WITH_OPENBLAS
   // One thread per rank, as the rest of the model (and the benchmark's PyTorch) runs: OpenBLAS
   // would otherwise start a thread per core in every rank.
@@ -191,8 +116,13 @@ Gpt::Gpt(ParameterRegistry& registry, GptConfig config, DType dtype) : registry_
   GRADSYNC_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16, "Gpt: f32, f64 or bf16 parameters, got ",
                  dtype_name(dtype));
   GRADSYNC_CHECK(config.embd % config.heads == 0, "Gpt: embd ", config.embd, " must divide into ", config.heads, " heads");
+  if (dtype == DType::f64) {
+    f64_kernels_ = make_gpt_kernels<double>(device);
+  } else {
+    f32_kernels_ = make_gpt_kernels<float>(device);
+  }
   const std::int64_t c = config.embd;
-  const auto add = [&](const std::string& name, const Shape& shape) { return &registry.add(name, shape, dtype); };
+  const auto add = [&](const std::string& name, const Shape& shape) { return &registry.add(name, shape, dtype, device); };
   wte_ = add("transformer.wte.weight", {config.vocab, c});
   wpe_ = add("transformer.wpe.weight", {config.block, c});
   for (std::int64_t l = 0; l < config.layers; ++l) {
@@ -270,16 +200,16 @@ double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<s
   }
   batch_ = batch;
   length_ = length;
-  tokens_ = tokens;
-  targets_ = targets;
   if (dtype_ == DType::bf16) {
     // bf16 parameters, f32 arithmetic: every weight widened once per forward (the engine's
     // autocast), kept for the backward.
     for (Parameter& p : registry_) {
-      std::vector<float>& values = compute_[&p].values;
-      values.resize(static_cast<std::size_t>(p.numel()));
-      Tensor widened = Tensor::wrap(values.data(), p.shape(), DType::f32);
-      ops::cast(p.value(), widened);  // gradsync's conversion (exact: every bf16 is an f32)
+      Compute& compute = compute_[&p];
+      if (!compute.values.defined()) {
+        compute.values = Tensor::empty(p.shape(), DType::f32, device_);
+        compute.grads = Tensor::empty(p.shape(), DType::f32, device_);
+      }
+      ops::cast(p.value(), compute.values);  // gradsync's conversion (exact: every bf16 is an f32)
     }
   }
   return dtype_ == DType::f64 ? forward_as<double>(tokens, targets) : forward_as<float>(tokens, targets);
@@ -287,23 +217,22 @@ double Gpt::forward(const std::vector<std::int32_t>& tokens, const std::vector<s
 
 std::vector<double> Gpt::probabilities(std::int64_t row) const {
   GRADSYNC_CHECK(saved_ != nullptr && row >= 0 && row < batch_ * length_, "Gpt::probabilities: no forward holds token ", row);
-  const auto read = [&](const auto& probs) {
-    return std::vector<double>(probs.begin() + row * config_.vocab, probs.begin() + (row + 1) * config_.vocab);
-  };
-  return dtype_ == DType::f64 ? read(static_cast<const Activations<double>*>(saved_.get())->probs)
-                              : read(static_cast<const Activations<float>*>(saved_.get())->probs);
+  const auto read = [&](const auto& act) { return act.probs.read(row * config_.vocab, config_.vocab); };
+  return dtype_ == DType::f64 ? read(*static_cast<const Activations<double>*>(saved_.get()))
+                              : read(*static_cast<const Activations<float>*>(saved_.get()));
 }
 
 void Gpt::backward(double loss_scale) {
   GRADSYNC_CHECK(saved_ != nullptr, "Gpt::backward: no forward to go back through");
   if (dtype_ == DType::bf16) {
-    for (Parameter& p : registry_) compute_.at(&p).grads.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+    for (Parameter& p : registry_) ops::fill(compute_.at(&p).grads, 0.0);
   }
   dtype_ == DType::f64 ? backward_as<double>(loss_scale) : backward_as<float>(loss_scale);
 }
 
 template <typename T>
 double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets) {
+  const GptKernels<T>& k = kernels<T>();
   const std::int64_t B = batch_, L = length_, C = config_.embd, V = config_.vocab, NH = config_.heads, hs = C / NH;
   const std::int64_t N = B * L;
   // The last forward's activations (a forward without a backward, as when sampling) or the last
@@ -311,191 +240,129 @@ double Gpt::forward_as(const std::vector<std::int32_t>& tokens, const std::vecto
   std::shared_ptr<void> kept = saved_ ? std::move(saved_) : std::move(spare_);
   auto act = kept ? std::static_pointer_cast<Activations<T>>(kept) : std::make_shared<Activations<T>>();
   act->blocks.resize(static_cast<std::size_t>(config_.layers));
+  const auto buffer = [&](auto& b, std::int64_t n) { return b.reserve(device_, n); };
+  buffer(act->tokens, N);
+  buffer(act->targets, N);
+  act->tokens.write(tokens);
+  act->targets.write(targets);
   // Embeddings: token plus position.
-  std::vector<T>& x = act->x;
-  x.resize(static_cast<std::size_t>(N * C));
+  T* x = buffer(act->x, N * C);
   const std::size_t embeddings = 0, final_norm = layers_.size() + 1;  // units (units()); block l is l + 1
   gather(embeddings);  // kept to the end of the backward: the head uses wte too
-  const T* wte = values<T>(wte_);
-  const T* wpe = values<T>(wpe_);
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t j = 0; j < C; ++j) x[static_cast<std::size_t>(n * C + j)] = wte[tokens[static_cast<std::size_t>(n)] * C + j] + wpe[(n % L) * C + j];
-  }
-  const T scale = 1 / std::sqrt(static_cast<T>(hs));
+  k.embed(x, act->tokens.data(), values<T>(wte_), values<T>(wpe_), N, L, C);
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     BlockActivations<T>& a = act->blocks[l];
     gather(l + 1);
-    a.input = x;
-    a.ln_1.resize(x.size());
-    a.ln_1_mean.resize(static_cast<std::size_t>(N));
-    a.ln_1_rstd.resize(static_cast<std::size_t>(N));
-    layernorm(a.ln_1.data(), a.ln_1_mean.data(), a.ln_1_rstd.data(), x.data(), values<T>(layer.ln_1_w), values<T>(layer.ln_1_b), N, C);
-    a.qkv.resize(static_cast<std::size_t>(N * 3 * C));
-    linear(a.qkv.data(), a.ln_1.data(), values<T>(layer.attn_w), values<T>(layer.attn_b), N, C, 3 * C);
-    // Causal self-attention, head by head, as products: the scores q k^T / sqrt(hs) (L x L), each
-    // row t's softmax over the positions u <= t (the others 0), then y = att v. q, k and v are
-    // column blocks of qkv (rows 3C apart), y a column block of a.y (rows C apart).
-    a.att.assign(static_cast<std::size_t>(B * NH * L * L), 0);
-    a.y.assign(static_cast<std::size_t>(N * C), 0);
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < NH; ++h) {
-        const T* head = &a.qkv[static_cast<std::size_t>(b * L * 3 * C + h * hs)];
-        const Columns<T> q(head, L, hs, Eigen::OuterStride<>(3 * C));
-        const Columns<T> k(head + C, L, hs, Eigen::OuterStride<>(3 * C));
-        const Columns<T> v(head + 2 * C, L, hs, Eigen::OuterStride<>(3 * C));
-        View<T> att(&a.att[static_cast<std::size_t>((b * NH + h) * L * L)], L, L);
-        att.noalias() = scale * (q * k.transpose());
-        for (std::int64_t t = 0; t < L; ++t) {
-          T* row = &att(t, 0);
-          const T largest = *std::max_element(row, row + t + 1);
-          T sum = 0;
-          for (std::int64_t u = 0; u <= t; ++u) sum += (row[u] = std::exp(row[u] - largest));
-          for (std::int64_t u = 0; u <= t; ++u) row[u] /= sum;
-          std::fill(row + t + 1, row + L, T(0));
-        }
-        MutableColumns<T>(&a.y[static_cast<std::size_t>(b * L * C + h * hs)], L, hs, Eigen::OuterStride<>(C)).noalias() =
-            att * v;
-      }
-    }
-    std::vector<T>& projected = act->projected;
-    projected.resize(static_cast<std::size_t>(N * C));
-    linear(projected.data(), a.y.data(), values<T>(layer.proj_w), values<T>(layer.proj_b), N, C, C);
-    a.x_1.resize(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) a.x_1[i] = x[i] + projected[i];
-    a.ln_2.resize(x.size());
-    a.ln_2_mean.resize(static_cast<std::size_t>(N));
-    a.ln_2_rstd.resize(static_cast<std::size_t>(N));
-    layernorm(a.ln_2.data(), a.ln_2_mean.data(), a.ln_2_rstd.data(), a.x_1.data(), values<T>(layer.ln_2_w), values<T>(layer.ln_2_b), N, C);
-    a.fc.resize(static_cast<std::size_t>(N * 4 * C));
-    linear(a.fc.data(), a.ln_2.data(), values<T>(layer.fc_w), values<T>(layer.fc_b), N, C, 4 * C);
-    a.fc_gelu.resize(a.fc.size());
-    gelu(a.fc_gelu.data(), a.fc.data(), static_cast<std::int64_t>(a.fc.size()), config_.gelu_tanh);
-    linear(projected.data(), a.fc_gelu.data(), values<T>(layer.fc_proj_w), values<T>(layer.fc_proj_b), N, 4 * C, C);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = a.x_1[i] + projected[i];
+    // x_1 = x + proj(attention(ln_1(x)))
+    T* input = buffer(a.input, N * C);
+    k.copy(input, x, N * C);
+    T* ln_1 = buffer(a.ln_1, N * C);
+    k.layernorm(ln_1, buffer(a.ln_1_mean, N), buffer(a.ln_1_rstd, N), input, values<T>(layer.ln_1_w),
+                values<T>(layer.ln_1_b), N, C);
+    T* qkv = buffer(a.qkv, N * 3 * C);
+    k.linear(qkv, ln_1, values<T>(layer.attn_w), values<T>(layer.attn_b), N, C, 3 * C);
+    T* y = buffer(a.y, N * C);
+    k.attention(buffer(a.att, B * NH * L * L), y, qkv, B, L, NH, hs);
+    T* projected = buffer(act->projected, N * C);
+    k.linear(projected, y, values<T>(layer.proj_w), values<T>(layer.proj_b), N, C, C);
+    T* x_1 = buffer(a.x_1, N * C);
+    k.add(x_1, input, projected, N * C);
+    // x = x_1 + mlp(ln_2(x_1)), the MLP c_proj(gelu(c_fc(.)))
+    T* ln_2 = buffer(a.ln_2, N * C);
+    k.layernorm(ln_2, buffer(a.ln_2_mean, N), buffer(a.ln_2_rstd, N), x_1, values<T>(layer.ln_2_w), values<T>(layer.ln_2_b),
+                N, C);
+    T* fc = buffer(a.fc, N * 4 * C);
+    k.linear(fc, ln_2, values<T>(layer.fc_w), values<T>(layer.fc_b), N, C, 4 * C);
+    T* fc_gelu = buffer(a.fc_gelu, N * 4 * C);
+    k.gelu(fc_gelu, fc, N * 4 * C, config_.gelu_tanh);
+    k.linear(projected, fc_gelu, values<T>(layer.fc_proj_w), values<T>(layer.fc_proj_b), N, 4 * C, C);
+    k.add(x, x_1, projected, N * C);
     release(l + 1);
   }
-  act->x_final = x;
+  T* x_final = buffer(act->x_final, N * C);
+  k.copy(x_final, x, N * C);
   gather(final_norm);  // kept: the backward begins with it
-  act->ln_f.resize(x.size());
-  act->ln_f_mean.resize(static_cast<std::size_t>(N));
-  act->ln_f_rstd.resize(static_cast<std::size_t>(N));
-  layernorm(act->ln_f.data(), act->ln_f_mean.data(), act->ln_f_rstd.data(), x.data(), values<T>(ln_f_w_), values<T>(ln_f_b_), N, C);
-  // Logits through the tied embedding, then the mean cross-entropy (softmax in the dtype, the
-  // loss summed in double).
-  act->probs.resize(static_cast<std::size_t>(N * V));
-  linear<T>(act->probs.data(), act->ln_f.data(), wte, nullptr, N, C, V);
+  T* ln_f = buffer(act->ln_f, N * C);
+  k.layernorm(ln_f, buffer(act->ln_f_mean, N), buffer(act->ln_f_rstd, N), x_final, values<T>(ln_f_w_), values<T>(ln_f_b_), N,
+              C);
+  // Logits through the tied embedding, their softmax in place, then the mean cross-entropy (the
+  // softmax in the dtype, the loss summed in double on the host).
+  T* probs = buffer(act->probs, N * V);
+  k.linear(probs, ln_f, values<T>(wte_), nullptr, N, C, V);
+  k.softmax(probs, buffer(act->target_probs, N), act->targets.data(), N, V);
   double loss = 0;
-  for (std::int64_t n = 0; n < N; ++n) {
-    T* row = &act->probs[static_cast<std::size_t>(n * V)];
-    T largest = *std::max_element(row, row + V);
-    T sum = 0;
-    for (std::int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - largest));
-    for (std::int64_t v = 0; v < V; ++v) row[v] /= sum;
-    loss -= std::log(static_cast<double>(row[targets[static_cast<std::size_t>(n)]]));
-  }
+  for (const double p : act->target_probs.read(0, N)) loss -= std::log(p);
   saved_ = act;
   return loss / static_cast<double>(N);
 }
 
 template <typename T>
 void Gpt::backward_as(double loss_scale) {
+  const GptKernels<T>& k = kernels<T>();
   auto& act = *static_cast<Activations<T>*>(saved_.get());
   const std::int64_t B = batch_, L = length_, C = config_.embd, V = config_.vocab, NH = config_.heads, hs = C / NH;
   const std::int64_t N = B * L;
+  const auto buffer = [&](auto& b, std::int64_t n) { return b.reserve(device_, n); };
+  const auto zeroed = [&](Buffer<T>& b, std::int64_t n) {
+    T* data = b.reserve(device_, n);
+    k.zero(data, n);
+    return data;
+  };
   // d loss / d logits = (softmax - onehot) / N, times the loss scale.
-  std::vector<T>& dlogits = act.dlogits;
-  dlogits = act.probs;
-  const T per_token = static_cast<T>(loss_scale / static_cast<double>(N));
-  for (std::int64_t n = 0; n < N; ++n) {
-    T* row = &dlogits[static_cast<std::size_t>(n * V)];
-    row[targets_[static_cast<std::size_t>(n)]] -= 1;
-    for (std::int64_t v = 0; v < V; ++v) row[v] *= per_token;
-  }
+  T* dlogits = buffer(act.dlogits, N * V);
+  k.cross_entropy_backward(dlogits, act.probs.data(), act.targets.data(), static_cast<T>(loss_scale / static_cast<double>(N)),
+                           N, V);
   // The head: dwte gets dlogits^T ln_f now (and the embedding's part at the very end).
-  std::vector<T>& dx = zeroed(act.dx, N * C);
-  std::vector<T>& dln = zeroed(act.dln, N * C);
+  T* dx = zeroed(act.dx, N * C);
+  T* dln = zeroed(act.dln, N * C);
   T* dwte = grads<T>(wte_);
-  linear_backward<T>(dln.data(), dwte, nullptr, dlogits.data(), act.ln_f.data(), values<T>(wte_), N, C, V);
-  layernorm_backward(dx.data(), grads<T>(ln_f_w_), grads<T>(ln_f_b_), dln.data(), act.x_final.data(), values<T>(ln_f_w_),
-                     act.ln_f_mean.data(), act.ln_f_rstd.data(), N, C);
+  k.linear_backward(dln, dwte, nullptr, dlogits, act.ln_f.data(), values<T>(wte_), N, C, V);
+  k.layernorm_backward(dx, grads<T>(ln_f_w_), grads<T>(ln_f_b_), dln, act.x_final.data(), values<T>(ln_f_w_),
+                       act.ln_f_mean.data(), act.ln_f_rstd.data(), N, C);
   ready(ln_f_w_);
   ready(ln_f_b_);
   release(layers_.size() + 1);  // the final LayerNorm's unit
 
-  const T scale = 1 / std::sqrt(static_cast<T>(hs));
   for (std::int64_t l = config_.layers - 1; l >= 0; --l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     BlockActivations<T>& a = act.blocks[static_cast<std::size_t>(l)];
     gather(static_cast<std::size_t>(l) + 1);
     // x = x_1 + mlp(ln_2(x_1)): dx flows to x_1 both directly and through the MLP.
-    std::vector<T>& dfc = zeroed(act.dfc, N * 4 * C);
-    linear_backward(dfc.data(), grads<T>(layer.fc_proj_w), grads<T>(layer.fc_proj_b), dx.data(), a.fc_gelu.data(),
-                    values<T>(layer.fc_proj_w), N, 4 * C, C);
+    T* dfc = zeroed(act.dfc, N * 4 * C);
+    k.linear_backward(dfc, grads<T>(layer.fc_proj_w), grads<T>(layer.fc_proj_b), dx, a.fc_gelu.data(),
+                      values<T>(layer.fc_proj_w), N, 4 * C, C);
     ready(layer.fc_proj_w);
     ready(layer.fc_proj_b);
-    gelu_backward(dfc.data(), a.fc.data(), static_cast<std::int64_t>(dfc.size()), config_.gelu_tanh);
-    std::fill(dln.begin(), dln.end(), 0);
-    linear_backward(dln.data(), grads<T>(layer.fc_w), grads<T>(layer.fc_b), dfc.data(), a.ln_2.data(), values<T>(layer.fc_w),
-                    N, C, 4 * C);
+    k.gelu_backward(dfc, a.fc.data(), N * 4 * C, config_.gelu_tanh);
+    k.zero(dln, N * C);
+    k.linear_backward(dln, grads<T>(layer.fc_w), grads<T>(layer.fc_b), dfc, a.ln_2.data(), values<T>(layer.fc_w), N, C, 4 * C);
     ready(layer.fc_w);
     ready(layer.fc_b);
-    layernorm_backward(dx.data(), grads<T>(layer.ln_2_w), grads<T>(layer.ln_2_b), dln.data(), a.x_1.data(),
-                       values<T>(layer.ln_2_w), a.ln_2_mean.data(), a.ln_2_rstd.data(), N, C);
+    k.layernorm_backward(dx, grads<T>(layer.ln_2_w), grads<T>(layer.ln_2_b), dln, a.x_1.data(), values<T>(layer.ln_2_w),
+                         a.ln_2_mean.data(), a.ln_2_rstd.data(), N, C);
     ready(layer.ln_2_w);
     ready(layer.ln_2_b);
     // x_1 = input + proj(attention(ln_1(input))).
-    std::vector<T>& dy = zeroed(act.dy, N * C);
-    linear_backward(dy.data(), grads<T>(layer.proj_w), grads<T>(layer.proj_b), dx.data(), a.y.data(), values<T>(layer.proj_w),
-                    N, C, C);
+    T* dy = zeroed(act.dy, N * C);
+    k.linear_backward(dy, grads<T>(layer.proj_w), grads<T>(layer.proj_b), dx, a.y.data(), values<T>(layer.proj_w), N, C, C);
     ready(layer.proj_w);
     ready(layer.proj_b);
-    std::vector<T>& dqkv = zeroed(act.dqkv, N * 3 * C);
-    // Back through y = att v and the softmax, head by head: dv += att^T dy; datt = dy v^T;
-    // the scores' gradient att * (datt - the row's sum of att * datt) / sqrt(hs) (0 where masked,
-    // since att is); dq += dscores k, dk += dscores^T q.
-    Rows<T> dscores(L, L);
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < NH; ++h) {
-        const std::size_t head = static_cast<std::size_t>(b * L * 3 * C + h * hs);
-        const Eigen::OuterStride<> qkv_rows(3 * C);
-        const Columns<T> q(&a.qkv[head], L, hs, qkv_rows), k(&a.qkv[head + C], L, hs, qkv_rows),
-            v(&a.qkv[head + 2 * C], L, hs, qkv_rows);
-        MutableColumns<T> dq(&dqkv[head], L, hs, qkv_rows), dk(&dqkv[head + C], L, hs, qkv_rows),
-            dv(&dqkv[head + 2 * C], L, hs, qkv_rows);
-        const Columns<T> g(&dy[static_cast<std::size_t>(b * L * C + h * hs)], L, hs, Eigen::OuterStride<>(C));
-        const ConstView<T> att(&a.att[static_cast<std::size_t>((b * NH + h) * L * L)], L, L);
-        dv.noalias() += att.transpose() * g;
-        dscores.noalias() = g * v.transpose();
-        for (std::int64_t t = 0; t < L; ++t) {
-          T weighted = 0;
-          for (std::int64_t u = 0; u <= t; ++u) weighted += att(t, u) * dscores(t, u);
-          for (std::int64_t u = 0; u < L; ++u) dscores(t, u) = u <= t ? att(t, u) * (dscores(t, u) - weighted) * scale : T(0);
-        }
-        dq.noalias() += dscores * k;
-        dk.noalias() += dscores.transpose() * q;
-      }
-    }
-    std::fill(dln.begin(), dln.end(), 0);
-    linear_backward(dln.data(), grads<T>(layer.attn_w), grads<T>(layer.attn_b), dqkv.data(), a.ln_1.data(),
-                    values<T>(layer.attn_w), N, C, 3 * C);
+    T* dqkv = zeroed(act.dqkv, N * 3 * C);
+    k.attention_backward(dqkv, buffer(act.dscores, B * NH * L * L), dy, a.qkv.data(), a.att.data(), B, L, NH, hs);
+    k.zero(dln, N * C);
+    k.linear_backward(dln, grads<T>(layer.attn_w), grads<T>(layer.attn_b), dqkv, a.ln_1.data(), values<T>(layer.attn_w), N, C,
+                      3 * C);
     ready(layer.attn_w);
     ready(layer.attn_b);
-    layernorm_backward(dx.data(), grads<T>(layer.ln_1_w), grads<T>(layer.ln_1_b), dln.data(), a.input.data(),
-                       values<T>(layer.ln_1_w), a.ln_1_mean.data(), a.ln_1_rstd.data(), N, C);
+    k.layernorm_backward(dx, grads<T>(layer.ln_1_w), grads<T>(layer.ln_1_b), dln, a.input.data(), values<T>(layer.ln_1_w),
+                         a.ln_1_mean.data(), a.ln_1_rstd.data(), N, C);
     ready(layer.ln_1_w);
     ready(layer.ln_1_b);
     release(static_cast<std::size_t>(l) + 1);
   }
   // The embeddings: each token's row and each position's row gather their positions' gradients.
-  T* dwpe = grads<T>(wpe_);
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t j = 0; j < C; ++j) {
-      const T g = dx[static_cast<std::size_t>(n * C + j)];
-      dwte[tokens_[static_cast<std::size_t>(n)] * C + j] += g;
-      dwpe[(n % L) * C + j] += g;
-    }
-  }
+  k.embed_backward(dwte, grads<T>(wpe_), dx, act.tokens.data(), N, L, C);
   ready(wpe_);
   ready(wte_);
   release(0);  // the embeddings' unit

@@ -12,6 +12,10 @@
 // the exact erf form (nanoGPT's nn.GELU()). f32 for training, f64 for the gradient check, bf16
 // for mixed precision: bf16 parameters and gradients (what gradsync reduces and the optimizer
 // reads, with f32 master weights there), f32 arithmetic on widened copies of the weights.
+//
+// On the host or on one CUDA device: the parameters, the activations and the arithmetic all
+// live there. The forward and backward below are written once, as a sequence of operations
+// (gpt_kernels.h) that each device does in its own way.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "gpt_kernels.h"
+#include "gradsync/core/tensor.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/registry/parameter_registry.h"
 
@@ -37,10 +43,11 @@ struct GptConfig {
 class Gpt {
  public:
   // Registers every parameter under nanoGPT's name, in nanoGPT's order, in `dtype` (f32, f64 or
-  // bf16).
-  Gpt(ParameterRegistry& registry, GptConfig config, DType dtype = DType::f32);
+  // bf16), on `device` (the host, or a CUDA device: an error naming it without CUDA).
+  Gpt(ParameterRegistry& registry, GptConfig config, DType dtype = DType::f32, Device device = Device::cpu());
 
   const GptConfig& config() const { return config_; }
+  Device device() const { return device_; }
   std::int64_t parameter_count() const;
 
   // nanoGPT's initialisation: weights normal(0, 0.02), the residual projections (c_proj)
@@ -81,6 +88,8 @@ class Gpt {
   template <typename T>
   void backward_as(double loss_scale);
   template <typename T>
+  const GptKernels<T>& kernels() const;
+  template <typename T>
   T* values(Parameter* p);
   template <typename T>
   T* grads(Parameter* p);
@@ -91,6 +100,9 @@ class Gpt {
   ParameterRegistry& registry_;
   GptConfig config_;
   DType dtype_;
+  Device device_;
+  std::unique_ptr<GptKernels<float>> f32_kernels_;  // f32 and bf16 (its arithmetic is f32)
+  std::unique_ptr<GptKernels<double>> f64_kernels_;
   Parameter* wte_;
   Parameter* wpe_;
   std::vector<Layer> layers_;
@@ -98,18 +110,19 @@ class Gpt {
   Parameter* ln_f_b_;
   dist::ZeroOptimizer* zero_ = nullptr;  // stage 3's, once sharded
 
-  // The last forward's inputs and activations (in the model's dtype; gpt_model.cpp).
+  // The last forward's inputs and activations (in the model's dtype, on its device; gpt_model.cpp).
   std::int64_t batch_ = 0;
   std::int64_t length_ = 0;
-  std::vector<std::int32_t> tokens_, targets_;
   std::shared_ptr<void> saved_;
   std::shared_ptr<void> spare_;  // the activations of the last backward, for the next forward's reuse
-  // bf16 only: each parameter's f32 values for this step and its f32 gradient of this backward.
+  // bf16 only, on the model's device: each parameter's f32 values for this step and its f32
+  // gradient of this backward; `sum` the bf16 gradient widened while this one is added into it.
   struct Compute {
-    std::vector<float> values;
-    std::vector<float> grads;
+    Tensor values;
+    Tensor grads;
   };
   std::map<const Parameter*, Compute> compute_;
+  Tensor sum_;
 };
 
 }  // namespace gradsync::examples

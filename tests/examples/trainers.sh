@@ -2,13 +2,15 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_cuda.
+# GRADSYNC_EXAMPLES and GRADSYNC_COMPARE point at the trainers and compare_checkpoints elsewhere
+# (scripts/gpu_check.sh: the GPU bundle's).
 set -euo pipefail
 case_name=$1
 build=$2
 source=$3
-examples=$build/examples
-compare=$build/tests/compare_checkpoints
+examples=${GRADSYNC_EXAMPLES:-$build/examples}
+compare=${GRADSYNC_COMPARE:-$build/tests/compare_checkpoints}
 mpirun=(mpirun --allow-run-as-root --oversubscribe -np 2)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -36,6 +38,18 @@ resume_matches() {
   "${mpirun[@]}" "$examples/$trainer" "$@" $steps "$all" --resume "$scratch/half.safetensors" \
     --save "$scratch/resumed.safetensors"
   cmp "$scratch/straight.safetensors" "$scratch/resumed.safetensors"
+}
+
+# The GPT cases' run: PyTorch's fixtures (tests/reference/generate_gpt_fixtures.py) for 20 steps.
+fixtures=$source/tests/fixtures
+gpt_args=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 --length 8
+          --init "$fixtures/gpt_init.safetensors" --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
+          --weight-decay 0.1 --eps 1e-6 --clip-norm 1 --quiet)
+# losses_match RUN LOSSES BOUND: each of RUN's 20 logged losses within BOUND (relative) of LOSSES'.
+losses_match() {
+  sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$1.jsonl" | paste - "$2" |
+    awk -v run=$1 -v bound=$3 '{ d = $1 - $2; if (d < 0) d = -d; if (d > bound * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
+                               END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
 }
 
 case $case_name in
@@ -92,10 +106,7 @@ PY
   gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2, 3; the sync strategies
          # over two microbatches), against PyTorch's (tests/reference/generate_gpt_fixtures.py):
          # each step's loss within 1e-5 relative, the final weights within 1e-4; bf16; uneven
-    fixtures=$source/tests/fixtures
-    args=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 --length 8
-          --init "$fixtures/gpt_init.safetensors" --lr 3e-3 --min-lr 3e-4 --warmup 5 --decay-steps 20
-          --weight-decay 0.1 --eps 1e-6 --clip-norm 1 --quiet)
+    args=("${gpt_args[@]}")
     "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 4 --backend gloo --metrics "$scratch/one.jsonl" \
       --save "$scratch/one.safetensors"
     "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --metrics "$scratch/two.jsonl" \
@@ -108,20 +119,14 @@ PY
       "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --microbatches 2 \
         --sync-strategy $strategy --metrics "$scratch/$strategy.jsonl" --save "$scratch/$strategy.safetensors"
     done
-    # losses_match RUN LOSSES BOUND: each of RUN's 20 logged losses within BOUND (relative) of LOSSES'.
-    losses_match() {
-      sed 's/.*"loss": \([0-9.eE+-]*\).*/\1/' "$scratch/$1.jsonl" | paste - "$2" |
-        awk -v run=$1 -v bound=$3 '{ d = $1 - $2; if (d < 0) d = -d; if (d > bound * $2) { print run ": step " NR - 1 ": loss " $1 ", PyTorch " $2; bad = 1 } }
-                                   END { if (NR != 20) { print run ": " NR " steps logged"; bad = 1 }; exit bad }'
-    }
     for run in one two zero1 zero2 zero3 multi forced auto; do
       losses_match $run "$fixtures/gpt_train_losses.txt" 1e-5
       "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
     done
     # bf16 parameters and gradients, f32 arithmetic and master weights, against PyTorch doing the
     # same (generate_gpt_fixtures.py, training_bf16). One rank: losses within 1e-5 (measured
-    # 2.4e-7) and the bf16 weights within one bf16 ulp at 1.0 (measured: equal). Two ranks round
-    # their half-batch gradients to bf16 before averaging where PyTorch's one rank rounds the
+    # 2.4e-7) and the bf16 weights within one bf16 ulp at 1.0 (measured: one ulp at most, in 4 of
+    # the 28 tensors). Two ranks round their half-batch gradients to bf16 before averaging where PyTorch's one rank rounds the
     # whole batch's once: losses within 1e-4 (measured 3e-5), weights within one bf16 ulp at the
     # LayerNorm weights' magnitude of 1, 2^-8 (measured: one ulp, in one LayerNorm weight).
     "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 4 --backend gloo --precision bf16 --metrics "$scratch/bf16_one.jsonl" \
@@ -148,6 +153,35 @@ PY
     resume_matches gpt_ddp 7 20 "${args[@]}" --batch 2 --zero 1
     echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2, every sync strategy and bf16 included;" \
       "uneven runs end alike under ZeRO 0-3; a resumed run is byte for byte" ;;
+  gpt_cuda)  # the gpt case's 20 steps with the model on a GPU (examples/gpt/gpt_kernels.cu), against the
+             # same PyTorch fixtures and bounds: one rank, two sharing the GPU through Gloo (staged through
+             # the host), ZeRO 3 over those two, bf16 (the CPU's two-rank bounds: cuBLAS sums in another
+             # order, which may move a bf16 rounding by one ulp), one rank per GPU on NCCL where there are
+             # several. Skipped, saying why, without a GPU (scripts/gpu_check.sh runs it where there is one).
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [[ ${gpus:-0} == 0 ]]; then echo "skipped: no GPU here (nvidia-smi lists none)"; exit 77; fi
+    launch=("$source/scripts/launch.sh" 2)
+    "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 4 --device cuda --metrics "$scratch/one.jsonl" \
+      --save "$scratch/one.safetensors"
+    "${launch[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --device cuda --backend gloo \
+      --metrics "$scratch/two.jsonl" --save "$scratch/two.safetensors"
+    "${launch[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --device cuda --backend gloo --zero 3 \
+      --metrics "$scratch/zero3.jsonl" --save "$scratch/zero3.safetensors"
+    runs=(one two zero3)
+    if ((gpus >= 2)); then
+      "${launch[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --device cuda --backend nccl \
+        --metrics "$scratch/nccl.jsonl" --save "$scratch/nccl.safetensors"
+      runs+=(nccl)
+    fi
+    for run in "${runs[@]}"; do
+      losses_match $run "$fixtures/gpt_train_losses.txt" 1e-5
+      "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
+    done
+    "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 4 --device cuda --precision bf16 \
+      --metrics "$scratch/bf16.jsonl" --save "$scratch/bf16.safetensors"
+    losses_match bf16 "$fixtures/gpt_train_losses_bf16.txt" 1e-4
+    "$compare" "$fixtures/gpt_final_bf16.safetensors" "$scratch/bf16.safetensors" 0.0040
+    echo "gpt_ddp on the GPU: ${runs[*]} bf16 match PyTorch's 20 steps" ;;
   interop)  # PyTorch's weights after 25 SGD steps, reproduced from the same initial weights and data
     fixture=$source/tests/fixtures/mlp_sgd
     "${mpirun[@]}" "$examples/digits_ddp" --data "$fixture/data.safetensors" --init "$fixture/init.safetensors" \
