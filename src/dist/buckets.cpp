@@ -79,6 +79,12 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size
   return closed;
 }
 
+void release_other_pieces(const Tensor& flat, const BucketShard& shard) {
+  if (shard.begin > 0) flat.view(0, {shard.begin}).zero_releasing_pages();
+  const std::int64_t end = shard.begin + shard.count;
+  if (end < flat.numel()) flat.view(static_cast<std::size_t>(end), {flat.numel() - end}).zero_releasing_pages();
+}
+
 BucketShard shard_bucket(std::int64_t numel, int world, int rank) {
   GRADSYNC_CHECK(world > 0 && rank >= 0 && rank < world && numel >= 0, "shard_bucket: rank ", rank, " of ", world,
                  ", ", numel, " elements");

@@ -398,9 +398,7 @@ struct Reducer::Impl {
   // back, and the transient buffers are dropped. A rank's gradient memory between steps is then
   // its pieces (the gradient arena is paged: ParameterRegistry::finalize).
   void release_unowned(Bucket& bucket, const BucketShard& shard) {
-    if (shard.begin > 0) bucket.flat.view(0, {shard.begin}).zero_releasing_pages();
-    const std::int64_t end = shard.begin + shard.count;
-    if (end < bucket.info.numel) bucket.flat.view(static_cast<std::size_t>(end), {bucket.info.numel - end}).zero_releasing_pages();
+    release_other_pieces(bucket.flat, shard);
     bucket.piece = Tensor();
     bucket.compressed = Tensor();
   }

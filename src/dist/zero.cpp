@@ -366,10 +366,8 @@ struct ZeroOptimizer::Impl {
     finish_gather(unit);
     const Gather& gather = gathers[unit.bucket];
     const std::int64_t numel = reducer.bucket(unit.bucket).numel;
-    Tensor values = registry().arenas()[gather.arena].values.view(static_cast<std::size_t>(gather.begin), {numel});
-    if (gather.shard.begin > 0) values.view(0, {gather.shard.begin}).zero_releasing_pages();
-    const std::int64_t end = gather.shard.begin + gather.shard.count;
-    if (end < numel) values.view(static_cast<std::size_t>(end), {numel - end}).zero_releasing_pages();
+    release_other_pieces(registry().arenas()[gather.arena].values.view(static_cast<std::size_t>(gather.begin), {numel}),
+                         gather.shard);
     for (Parameter* member : unit.members) member->set_value_released(unit.why_released);
     unit.state = UnitState::released;
   }

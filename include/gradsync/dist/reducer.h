@@ -85,6 +85,9 @@ struct BucketShard {
   std::vector<std::int64_t> counts;
 };
 BucketShard shard_bucket(std::int64_t numel, int world, int rank);
+// Keeps this rank's piece of `flat` (a bucket's numel elements: its gradients, or under ZeRO
+// stage 3 its values) and zeroes the rest, giving its whole pages back (Tensor::zero_releasing_pages).
+void release_other_pieces(const Tensor& flat, const BucketShard& shard);
 
 struct ReducerOptions {
   std::vector<std::size_t> bucket_limits{25u << 20};  // bytes; see assign_buckets
