@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
-#include <type_traits>
 
 #include "gradsync/core/error.h"
 #include "gradsync/kernels/ops.h"
@@ -18,13 +17,6 @@ extern "C" void openblas_set_num_threads(int threads);
 namespace gradsync::examples {
 
 namespace {
-
-template <typename T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  if constexpr (std::is_same_v<T, double>) return DType::f64;
-  return DType::i32;
-}
 
 // Memory of T on the model's device that a step keeps for the next (a gradsync Tensor: host or
 // CUDA memory alike). Fresh buffers of a step's size come from mmap or cudaMalloc, whose cost
