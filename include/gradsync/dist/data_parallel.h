@@ -114,15 +114,16 @@ class DataParallel : public Joinable {
   // carried between microbatches): ddp_sync_context's, not the engine's.
   SyncState& sync_state();
 
-  // Joinable (join.h): a joined rank's shadow step is every bucket in bucket order, with zeros,
-  // and the status; at the end, the last joiner's parameters and buffers everywhere.
+ private:
+  // Joinable (join.h, whose hooks only Join calls): a joined rank's shadow step is every bucket
+  // in bucket order, with zeros, and the status; at the end, the last joiner's parameters and
+  // buffers everywhere.
   void join_opened(const JoinOptions* options) override;
   void require_joinable() const override;
   void shadow_step(JoinStep& step) override;
   void finish_join(int last_joiner) override;
   comm::Communicator& join_communicator() const override;
 
- private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

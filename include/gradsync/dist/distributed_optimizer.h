@@ -150,15 +150,15 @@ class DistributedOptimizer : public Joinable {
   // The groups as formed (after the integer split or the list validation), by name.
   std::vector<std::vector<std::string>> group_names() const;
 
-  // Joinable (join.h), what join() runs: a shadow synchronization is every bucket with zeros,
-  // the sparse allgathers with no rows, and the status.
+ private:
+  // Joinable (join.h, whose hooks only Join and join() call): a shadow synchronization is every
+  // bucket with zeros, the sparse allgathers with no rows, and the status.
   void join_opened(const JoinOptions* options) override;
   void require_joinable() const override;
   void shadow_step(JoinStep& step) override;
   void finish_join(int last_joiner) override;
   comm::Communicator& join_communicator() const override;
 
- private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

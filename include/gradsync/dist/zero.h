@@ -130,23 +130,21 @@ class ZeroOptimizer : public Joinable {
   // model's own file is loaded first (before the ZeroOptimizer is made, at stage 3). Collective.
   void load_sharded(const std::filesystem::path& folder, bool reshard = false);
 
-  // Joinable (join.h): under dist::Join({&ddp, &zero}), a joined rank keeps stepping its pieces
-  // (they are nobody else's) and takes part in the gathers and the clipping norm: each
-  // collective phase of an active rank's step starts with a small control allreduce that the
-  // joined rank answers; it carries the active ranks' learning rates, which the joined rank
-  // steps its pieces with (docs/zero.md).
-  // Stage 3: a joined rank's pieces of every unit are needed by each of the active ranks'
-  // gathers, which come anywhere in their forward and backward: each begins with a control word
-  // too, and a joined rank answers them (and the statistics and steps) on a thread of its own
-  // while its own thread shadows the DataParallel. A gather costs one small allreduce more
-  // while the Join is open (docs/zero.md).
+ private:
+  // Joinable (join.h, whose hooks only Join calls): under dist::Join({&ddp, &zero}), a joined
+  // rank keeps stepping its pieces (they are nobody else's) and takes part in the gathers and the
+  // clipping norm: each collective phase of an active rank's step starts with a small control
+  // allreduce that the joined rank answers; it carries the active ranks' learning rates, which
+  // the joined rank steps its pieces with. Stage 3: each of the active ranks' gathers begins with
+  // a control word too, and a joined rank answers them (and the statistics and steps) on a thread
+  // of its own while its own thread shadows the DataParallel; a gather costs one small allreduce
+  // more while the Join is open (docs/zero.md).
   void join_opened(const JoinOptions* options) override;
   void begin_shadowing() override;
   void shadow_step(JoinStep& step) override;
   void finish_join(int last_joiner) override;
   comm::Communicator& join_communicator() const override;
 
- private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
