@@ -3,30 +3,15 @@
 planted upward include and a public header reaching into src/: the first must pass, each plant
 must fail, naming its edge."""
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
-root = os.path.abspath(sys.argv[1])
-script = os.path.join(root, "scripts", "check_layers.py")
-failures = []
+from check_harness import CheckTest
 
+test = CheckTest(sys.argv[1], "check_layers.py")
 
-def run(tree):
-    result = subprocess.run([sys.executable, script, tree], capture_output=True, text=True)
-    return result.returncode, result.stdout + result.stderr
-
-
-def expect(name, condition, output):
-    print(("ok   " if condition else "FAIL ") + name)
-    if not condition:
-        print(output)
-        failures.append(name)
-
-
-status, output = run(root)
-expect("the repository follows the layer order", status == 0, output)
+status, output = test.run(test.root)
+test.expect("the repository follows the layer order", status == 0, output)
 
 PLANTS = [
     ("an upward include (core -> dist)", "src/core/tensor.cpp", '#include "gradsync/dist/reducer.h"\n',
@@ -38,13 +23,12 @@ PLANTS = [
 ]
 for name, path, line, edge in PLANTS:
     with tempfile.TemporaryDirectory() as copy:
-        for folder in ("src", "include", "docs"):
-            shutil.copytree(os.path.join(root, folder), os.path.join(copy, folder))
+        test.copy(copy, ("src", "include", "docs"))
         with open(os.path.join(copy, path), encoding="utf-8") as source:
             text = source.read()
         with open(os.path.join(copy, path), "w", encoding="utf-8") as source:
             source.write(line + text)
-        status, output = run(copy)
-        expect(f"{name} is caught and its edge printed", status == 1 and edge in output, output)
+        status, output = test.run(copy)
+        test.expect(f"{name} is caught and its edge printed", status == 1 and edge in output, output)
 
-sys.exit(1 if failures else 0)
+test.exit()
