@@ -15,9 +15,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # clang and its runtime libraries: the fuzz target of the checks suite (libFuzzer). OpenBLAS: the
-# GPT example's matrix products (through Eigen; the library itself does not use it).
+# GPT example's matrix products (through Eigen; the library itself does not use it). Doxygen:
+# the API reference (scripts/docs.sh), which the checks suite builds.
 packages=(meson ninja-build pkg-config cmake g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
-          libopenmpi-dev openmpi-bin libgloo-dev python3 clang libclang-rt-14-dev libopenblas-dev)
+          libopenmpi-dev openmpi-bin libgloo-dev python3 clang libclang-rt-14-dev libopenblas-dev doxygen)
 if [[ "${1:-}" == "--with-reference" ]]; then
   packages+=(python3-torch python3-numpy python3-pip python3-venv)
 fi

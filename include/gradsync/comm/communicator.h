@@ -38,9 +38,11 @@
 
 namespace gradsync::comm {
 
+// How a collective combines the ranks' elements (avg: the sum divided by size(), floating only).
 enum class ReduceOp { sum, avg, min, max, prod };
-const char* reduce_op_name(ReduceOp op);
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", ... (for messages)
 
+// What a communicator is made with (connect(), the backends' constructors).
 struct CommOptions {
   std::chrono::milliseconds timeout{0};  // 0: GRADSYNC_TIMEOUT_MS, else 300000
   // How long ranks wait for each other to arrive at the rendezvous (a slow scheduler may start
@@ -63,7 +65,7 @@ struct CommOptions {
   // every node; otherwise the flat algorithm runs. Reproducible mode overrides it.
   //  automatic: GRADSYNC_HIERARCHICAL (unset: from GRADSYNC_HIERARCHICAL_MIN_KB up); always; never.
   enum class Hierarchy { automatic, always, never };
-  Hierarchy hierarchical = Hierarchy::automatic;
+  Hierarchy hierarchical = Hierarchy::automatic;  // whether allreduces take the two-level path
   // The node this rank runs on: ranks with the same name share one. Empty: GRADSYNC_NODE, else
   // torchrun's GROUP_RANK, else the host name.
   std::string node{};
@@ -94,10 +96,11 @@ class CallerWaits {
   bool previous_;
 };
 
+// An operation in flight (PyTorch's Work): what every *_async call returns.
 class Work {
  public:
   virtual ~Work() = default;
-  virtual bool is_completed() const = 0;
+  virtual bool is_completed() const = 0;  // done, successfully or not (never blocks)
   // Waits for completion; rethrows the operation's error. timeout 0 means the communicator's.
   // The deadline counts from when the operation was issued. When it passes, the communicator
   // is broken and the operation cancelled; wait() returns (by throwing) only once nothing will
@@ -106,7 +109,7 @@ class Work {
   virtual const std::string& description() const = 0;  // "allreduce #12 (sum, f32 x 1000)"
 };
 
-using WorkHandle = std::shared_ptr<Work>;
+using WorkHandle = std::shared_ptr<Work>;  // shared: the caller and the communicator both hold it
 
 // "Wait, keep the first error, carry on", NCCL's cleanup idiom, in one place. After a failure
 // every operation still in flight must be waited for (each wait is bounded by its timeout and
@@ -137,8 +140,9 @@ class FirstError {
       waited->wait();
     });
   }
-  bool failed() const { return first_ != nullptr; }
-  const std::exception_ptr& error() const { return first_; }
+  bool failed() const { return first_ != nullptr; }           // an error was kept
+  const std::exception_ptr& error() const { return first_; }  // the first error (null: none)
+  // Throws the first error, if any.
   void rethrow() const {
     if (first_) std::rethrow_exception(first_);
   }
@@ -147,11 +151,14 @@ class FirstError {
   std::exception_ptr first_;
 };
 
+// A group of ranks and their collectives (MPI's communicator, PyTorch's ProcessGroup): the
+// interface dist and every layer above it use, whatever the backend. Operations are matched by
+// the order each rank issues them; each has a timeout (CommOptions) and fails, never hangs.
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  virtual int rank() const = 0;  // this rank, in [0, size())
+  virtual int size() const = 0;  // the number of ranks
   virtual const char* backend() const = 0;  // "gloo", "mpi", "nccl"
   virtual Device device_type() const = 0;   // Device::cpu() for MPI/Gloo, cuda:N for NCCL
 
@@ -166,27 +173,28 @@ class Communicator {
   // another split) may be in flight at once. Gloo (a new context through the store), MPI
   // (MPI_Comm_split) and NCCL (ncclCommSplit). Messages of a group name a peer by its group rank
   // and its world rank.
-  static constexpr int kNoColor = -1;
-  virtual std::unique_ptr<Communicator> split(int color, int key);
+  static constexpr int kNoColor = -1;  // split(): this rank joins no new communicator
+  virtual std::unique_ptr<Communicator> split(int color, int key);  // (above)
   // The first failure that broke this communicator, or empty while it is usable.
   virtual std::string broken_reason() const = 0;
 
   // Collectives. Tensors must stay alive and untouched until the work completes.
-  //  allreduce        in place; avg divides the sum by size() (floating dtypes only)
-  //  broadcast        root's tensor to everyone, in place
-  //  allgather        output holds size() * input.numel(), rank r's input at r * input.numel()
-  //  allgatherv       output holds sum(counts); counts[r] = elements rank r contributes
-  //  reduce_scatter   input holds size() * output.numel(); rank r receives reduced chunk r
-  //  allreduce_coalesced  several tensors (one dtype) reduced through one flat buffer
+  // Allreduce in place; avg divides the sum by size() (floating dtypes only).
   virtual WorkHandle allreduce_async(Tensor& tensor, ReduceOp op) = 0;
+  // Broadcast: root's tensor to everyone, in place.
   virtual WorkHandle broadcast_async(Tensor& tensor, int root) = 0;
+  // Allgather: output holds size() * input.numel(), rank r's input at r * input.numel().
   virtual WorkHandle allgather_async(const Tensor& input, Tensor& output) = 0;
+  // Allgather of different sizes: output holds sum(counts); counts[r] = elements rank r gives.
   virtual WorkHandle allgatherv_async(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) = 0;
+  // Reduce-scatter: input holds size() * output.numel(); rank r receives reduced chunk r.
   virtual WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  // Several tensors (one dtype) allreduced through one flat buffer.
   virtual WorkHandle allreduce_coalesced_async(std::vector<Tensor> tensors, ReduceOp op) = 0;
-  virtual WorkHandle barrier_async() = 0;
+  virtual WorkHandle barrier_async() = 0;  // completes once every rank has issued it
   // Point to point (Adasum's building block). Matched by (peer, tag) in order.
   virtual WorkHandle send_async(const Tensor& tensor, int peer, int tag = 0) = 0;
+  // Receives into `tensor` the message `peer` sent with `tag` (same dtype and size).
   virtual WorkHandle recv_async(Tensor& tensor, int peer, int tag = 0) = 0;
 
   // Blocking forms. Each marks the caller as waiting (CallerWaits), so that a CPU communicator
@@ -196,43 +204,51 @@ class Communicator {
     allreduce_async(tensor, op)->wait();
   }
   void allreduce(const Tensor& input, Tensor& output, ReduceOp op);  // out of place
+  // Blocking broadcast_async.
   void broadcast(Tensor& tensor, int root) {
     CallerWaits waiting;
     broadcast_async(tensor, root)->wait();
   }
+  // Blocking allgather_async.
   void allgather(const Tensor& input, Tensor& output) {
     CallerWaits waiting;
     allgather_async(input, output)->wait();
   }
+  // Blocking allgatherv_async.
   void allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
     CallerWaits waiting;
     allgatherv_async(input, output, counts)->wait();
   }
+  // Blocking reduce_scatter_async.
   void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
     CallerWaits waiting;
     reduce_scatter_async(input, output, op)->wait();
   }
+  // Blocking allreduce_coalesced_async.
   void allreduce_coalesced(std::vector<Tensor> tensors, ReduceOp op) {
     CallerWaits waiting;
     allreduce_coalesced_async(std::move(tensors), op)->wait();
   }
+  // Blocking barrier_async: returns once every rank has arrived.
   void barrier() {
     CallerWaits waiting;
     barrier_async()->wait();
   }
-  void send(const Tensor& tensor, int peer, int tag = 0) { send_async(tensor, peer, tag)->wait(); }
-  void recv(Tensor& tensor, int peer, int tag = 0) { recv_async(tensor, peer, tag)->wait(); }
+  void send(const Tensor& tensor, int peer, int tag = 0) { send_async(tensor, peer, tag)->wait(); }  // blocking
+  void recv(Tensor& tensor, int peer, int tag = 0) { recv_async(tensor, peer, tag)->wait(); }  // blocking
 
   // Control-plane forms for small host tensors (counts, flags, descriptions, timings) on any
   // backend: a device communicator (NCCL) stages them through device memory, a CPU one runs
   // them as they are. The forms above stay strict: a tensor on the wrong device is an error.
   WorkHandle allreduce_host_async(Tensor& host, ReduceOp op);
+  // Blocking allreduce_host_async.
   void allreduce_host(Tensor& host, ReduceOp op) {
     CallerWaits waiting;
     allreduce_host_async(host, op)->wait();
   }
-  void broadcast_host(Tensor& host, int root);
-  void allgather_host(const Tensor& input, Tensor& output);
+  void broadcast_host(Tensor& host, int root);                // blocking, host tensors
+  void allgather_host(const Tensor& input, Tensor& output);  // blocking, host tensors
+  // Blocking, host tensors.
   void allgatherv_host(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts);
 };
 

@@ -25,6 +25,8 @@
 
 namespace gradsync::comm {
 
+// The communicator of this process's job: `backend` "auto" (above), "nccl", "mpi" or "gloo";
+// collective over every rank the launcher started (each waits for the others at the rendezvous).
 std::unique_ptr<Communicator> connect(std::string_view backend = "auto", Device device = Device::cpu(),
                                       const CommOptions& options = {});
 
@@ -49,18 +51,18 @@ int local_rank_from_environment(int fallback);
 // are then unused). Variables that are set but malformed are errors naming them.
 struct LaunchEnvironment {
   std::string launcher;  // "torchrun", "slurm" or "single"
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
+  int rank = 0;          // this process's rank in the job
+  int size = 1;          // the job's number of ranks
+  int local_rank = 0;    // its rank among the processes of its machine
   std::string host;      // rendezvous host (rank 0's machine)
   int port = 0;          // rendezvous port; 0 when unknown
   std::string store_dir; // GRADSYNC_GLOO_STORE_DIR, when set
   // The store at host:port is a PyTorch TCPStore served by someone else (torchrun's agent):
   // every rank is its client, under `store_prefix` (run id and restart count).
   bool torch_store = false;
-  std::string store_prefix;
+  std::string store_prefix;  // the keys' prefix in torchrun's store
 };
-LaunchEnvironment launch_from_environment();
+LaunchEnvironment launch_from_environment();  // (above)
 
 // A process that ends on an error tells its launcher why: prints "program: message" to stderr
 // and, under torchrun (TORCHELASTIC_ERROR_FILE), writes the message in torchelastic's error-file

@@ -36,8 +36,8 @@ namespace gradsync::comm {
 // label made once and shared (the Reducer's per bucket) costs no allocation per operation.
 class OperationLabel {
  public:
-  explicit OperationLabel(std::string label);
-  explicit OperationLabel(std::shared_ptr<const std::string> label);
+  explicit OperationLabel(std::string label);  // labels the thread's operations until it goes
+  explicit OperationLabel(std::shared_ptr<const std::string> label);  // the same, sharing a made label
   ~OperationLabel();
   OperationLabel(const OperationLabel&) = delete;
   OperationLabel& operator=(const OperationLabel&) = delete;
@@ -65,7 +65,7 @@ struct StragglerReport {
 // in it (from the flight records; with the recorder off every rank reports 0 and none is named).
 class StragglerMonitor {
  public:
-  explicit StragglerMonitor(Communicator& comm);
+  explicit StragglerMonitor(Communicator& comm);  // over this rank's communicators; collects on `comm`
   // Counts one step.
   void step() { ++steps_; }
   // Collective over the monitor's communicator: the window since the last collect().

@@ -23,7 +23,7 @@
 
 namespace gradsync::comm {
 
-bool gloo_available();
+bool gloo_available();  // this build has Gloo
 
 // Runs body(communicator) on `size` threads, one communicator per rank, and rethrows the
 // first exception any rank raised (after all threads finished). Each thread is labelled with

@@ -12,9 +12,10 @@
 
 namespace gradsync::comm {
 
-bool mpi_available();
+bool mpi_available();  // this build has MPI
 // True when this process looks like it was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
 bool launched_by_mpi();
+// A communicator over MPI_COMM_WORLD (MPI initialized on first use, finalized at exit).
 std::unique_ptr<Communicator> mpi_world(const CommOptions& options = {});
 
 }  // namespace gradsync::comm

@@ -12,6 +12,8 @@
 
 namespace gradsync {
 
+// The element types gradsync computes with: floats of 32, 64 and 16 bits (IEEE half and
+// bfloat16), and 32- and 64-bit integers (indices, labels, counts).
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
 
 // Bytes per element.
@@ -22,15 +24,16 @@ const char* dtype_name(DType dtype);
 const char* dtype_safetensors_name(DType dtype);
 // Parses a safetensors dtype string; throws gradsync::Error naming the string if unknown.
 DType dtype_from_safetensors_name(std::string_view name);
-bool is_floating(DType dtype);
+bool is_floating(DType dtype);  // f32, f64, f16 or bf16
 
 // Storage types for the 16-bit floats on the host. They are plain bit containers: arithmetic
 // converts to float, computes, and rounds back (see core/half.h).
 struct Half {
-  std::uint16_t bits;
+  std::uint16_t bits;  // IEEE 754 binary16: sign, 5 exponent bits, 10 mantissa bits
 };
+// The bfloat16 storage type (see Half).
 struct BFloat16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  // the upper half of an f32: sign, 8 exponent bits, 7 mantissa bits
 };
 
 }  // namespace gradsync

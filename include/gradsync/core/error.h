@@ -14,6 +14,7 @@
 
 namespace gradsync {
 
+// Every error gradsync raises: a message naming the operation, the object and the rank.
 class Error : public std::runtime_error {
  public:
   // The message is prefixed with "rank R: " when the calling thread has a rank label.
@@ -22,12 +23,12 @@ class Error : public std::runtime_error {
 
 // Labels the calling thread with its rank (-1 clears the label). Returns the previous label.
 int set_thread_rank(int rank);
-int thread_rank();
+int thread_rank();  // the calling thread's rank label (-1: none)
 
 // RAII form of set_thread_rank, for threads that act for one rank for a while.
 class ThreadRankScope {
  public:
-  explicit ThreadRankScope(int rank) : previous_(set_thread_rank(rank)) {}
+  explicit ThreadRankScope(int rank) : previous_(set_thread_rank(rank)) {}  // labels until it goes
   ~ThreadRankScope() { set_thread_rank(previous_); }
   ThreadRankScope(const ThreadRankScope&) = delete;
   ThreadRankScope& operator=(const ThreadRankScope&) = delete;
@@ -39,8 +40,8 @@ class ThreadRankScope {
 // Warnings (not errors): by default printed to stderr as "gradsync warning: rank R: ...".
 // A program or a test can route them elsewhere; set_warning_handler returns the previous one.
 using WarningHandler = std::function<void(const std::string&)>;
-void warn(const std::string& message);
-WarningHandler set_warning_handler(WarningHandler handler);
+void warn(const std::string& message);  // hands a warning to the handler
+WarningHandler set_warning_handler(WarningHandler handler);  // (above)
 
 namespace detail {
 template <typename... Parts>

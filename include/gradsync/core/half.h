@@ -26,12 +26,14 @@
 
 namespace gradsync {
 
+// An f32's bits, as an integer (memcpy: the one well-defined type pun).
 GRADSYNC_HOST_DEVICE inline std::uint32_t float_bits(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
 }
 
+// The f32 whose bits these are.
 GRADSYNC_HOST_DEVICE inline float bits_float(std::uint32_t bits) {
   float value;
   std::memcpy(&value, &bits, sizeof value);
@@ -54,6 +56,7 @@ GRADSYNC_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float value) {
   return static_cast<std::uint16_t>(select_bits(is_nan, 0x7FC0u, rounded));
 }
 
+// bf16 -> f32: exact (the bf16 bits are the f32's upper half).
 GRADSYNC_HOST_DEVICE inline float bf16_bits_to_float(std::uint16_t bits) {
   return bits_float(static_cast<std::uint32_t>(bits) << 16);
 }

@@ -16,6 +16,8 @@
 
 namespace gradsync {
 
+// Makes `stream` the calling thread's current stream on a device, for as long as it lives: the
+// stream gradsync orders its collectives after (above).
 class CudaStreamScope {
  public:
   // `stream` is a cudaStream_t (void* here, so that this header needs no CUDA); nullptr is
@@ -38,12 +40,12 @@ void* current_cuda_stream(Device device);
 // stream, like the streams engines create). An Error without CUDA or without the device.
 class CudaStream {
  public:
-  explicit CudaStream(Device device);
+  explicit CudaStream(Device device);  // a new stream on `device`
   ~CudaStream();  // waits for what is queued on it, then destroys it
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
-  void* get() const { return stream_; }
-  void synchronize() const;
+  void* get() const { return stream_; }  // the cudaStream_t
+  void synchronize() const;              // waits for everything queued on it
 
  private:
   Device device_;

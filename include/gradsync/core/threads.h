@@ -15,7 +15,7 @@
 
 namespace gradsync {
 
-int num_threads();
+int num_threads();  // the threads parallel loops use now (above)
 // n >= 1. Takes effect for the next parallel loop; the pool grows or idles as needed.
 void set_num_threads(int n);
 // What the default would be here (cores / local ranks, or GRADSYNC_NUM_THREADS).

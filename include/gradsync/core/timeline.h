@@ -34,7 +34,7 @@ void end();
 void instant(const char* category, std::string name);
 }  // namespace detail
 
-inline bool enabled() { return detail::recording.load(std::memory_order_relaxed); }
+inline bool enabled() { return detail::recording.load(std::memory_order_relaxed); }  // recording now
 
 // Starts recording this process as rank `rank` into `path` (".rank<R>" is inserted).
 void start(const std::string& path, int rank);
@@ -50,9 +50,11 @@ void name_thread(const std::string& name);
 // A span: begins at construction, ends at destruction (when recording at construction).
 class Span {
  public:
+  // A span named `name` in `category` ("comm", "dist", ...).
   Span(const char* category, const char* name) : active_(enabled()) {
     if (active_) detail::begin(category, name);
   }
+  // A span whose name name_fn() builds only when recording (the int tells the forms apart).
   template <typename NameFn>
   Span(const char* category, NameFn&& name_fn, int) : active_(enabled()) {
     if (active_) detail::begin(category, name_fn());

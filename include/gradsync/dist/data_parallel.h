@@ -47,11 +47,14 @@
 
 namespace gradsync::dist {
 
+// PyTorch DDP's arguments, and ZeRO's.
 struct DataParallelOptions {
   std::optional<double> bucket_cap_mb{};  // unset: 25 MiB with a 1 MiB first bucket; set: that cap for all
+  // Parameters a rank never marks ready in a backward are unused, not missing: their gradients
+  // stay undefined where no rank used them (above).
   bool find_unused_parameters = false;
   bool broadcast_parameters = true;  // from rank 0 at construction (buffers included)
-  Compression compression = Compression::none;
+  Compression compression = Compression::none;  // fp16 / bf16 on the wire (above)
   // ZeRO stage 2 (dist/zero.h): each bucket is reduce-scattered, so a rank's reduced gradients
   // are only its piece of each bucket (the elements its sharded optimizer steps); the same
   // bytes on the wire as an allreduce, half the work at each end. Hooks do not combine with it.
@@ -70,21 +73,26 @@ struct DataParallelOptions {
 
 class SyncState;  // Composer's sync strategies' state (sync_strategy.h)
 
+// PyTorch DDP's gradient synchronization over a registry (above).
 class DataParallel : public Joinable {
  public:
+  // Collective: checks that every rank holds the same parameters, broadcasts rank 0's values
+  // (unless options.broadcast_parameters is false) and forms the buckets.
   DataParallel(ParameterRegistry& registry, comm::Communicator& comm, DataParallelOptions options = {});
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  void begin_backward();
+  void begin_backward();     // a backward begins (optional: the first ready signal begins one)
+  // The backward is over: a synced one launches what was not signalled, waits for every bucket
+  // and writes the reduced gradients; a no_sync one only closes the window's bookkeeping.
   void end_backward();
-  bool in_backward() const;
+  bool in_backward() const;  // between begin_backward (or a ready signal) and end_backward
 
   // RAII: backwards begun while a guard lives do not synchronize; nestable.
   class NoSync {
    public:
-    explicit NoSync(DataParallel& ddp);
+    explicit NoSync(DataParallel& ddp);  // backwards begun from now on accumulate locally
     ~NoSync();
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -92,8 +100,8 @@ class DataParallel : public Joinable {
    private:
     DataParallel& ddp_;
   };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
-  bool sync_enabled() const;
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }  // PyTorch's ddp.no_sync()
+  bool sync_enabled() const;  // no NoSync guard lives: the next backward synchronizes
 
   // Reduces every gradient now (zero-filled where undefined, in the buckets, then the usage
   // bitmap decides defined versus undefined): what FORCED_SYNC does after the last microbatch.
@@ -106,10 +114,10 @@ class DataParallel : public Joinable {
   // The usage bitmap of the last synced step, summed over ranks (docs/semantics/ddp.md checklist 15).
   const std::vector<int>& last_used_counts() const;
   bool inside_join() const;  // a dist::Join over this DataParallel is open on this rank
-  const Reducer& reducer() const;
-  comm::Communicator& communicator() const;
-  ParameterRegistry& registry() const;
-  const DataParallelOptions& options() const;
+  const Reducer& reducer() const;  // its buckets and their rounds
+  comm::Communicator& communicator() const;  // the communicator it was made with
+  ParameterRegistry& registry() const;  // the parameters it synchronizes
+  const DataParallelOptions& options() const;  // as given, with the defaults resolved
   // The state of Composer's sync strategies for this DataParallel (AUTO's trials, the average
   // carried between microbatches): ddp_sync_context's, not the engine's.
   SyncState& sync_state();

@@ -44,21 +44,23 @@ class PowerSGDState;
 
 // Horovod's reduction ops for the optimizer.
 enum class Op { average, sum, adasum, min, max, product };
-const char* op_name(Op op);
+const char* op_name(Op op);  // "average", "sum", ... (for messages)
 Op parse_op(const std::string& text);  // "average" | "sum" | "adasum" | "min" | "max" | "product"
 
+// Horovod's DistributedOptimizer arguments (docs/semantics/horovod.md), by their names.
 struct DistributedOptimizerOptions {
   // (name, parameter) pairs; when absent every parameter's registry name is used. When given,
   // names must be unique and must cover every parameter the optimizer updates.
   std::optional<std::vector<std::pair<std::string, Parameter*>>> named_parameters{};
-  Compression compression = Compression::none;
-  int backward_passes_per_step = 1;
-  Op op = Op::average;
+  Compression compression = Compression::none;  // fp16 / bf16 on the wire (Horovod's Compression)
+  int backward_passes_per_step = 1;  // local accumulations per reduction
+  Op op = Op::average;               // how ranks' gradients combine
+  // Average in two halves: divided by this before the sum, by size / this after.
   double gradient_predivide_factor = 1.0;
   // Horovod's groups: none, a positive number of groups (the parameters split in order into
   // that many nearly equal runs), or explicit lists of parameters reduced together.
   std::variant<std::monostate, int, std::vector<std::vector<Parameter*>>> groups{};
-  bool sparse_as_dense = false;
+  bool sparse_as_dense = false;  // sparse gradients densified and allreduced with the rest
   // Parameters whose gradients arrive as rows (set_sparse_grad), like an embedding's.
   std::vector<Parameter*> sparse_parameters{};
   // Tensor fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, default 128 MiB).
@@ -78,8 +80,11 @@ struct DistributedOptimizerOptions {
   std::shared_ptr<PowerSGDState> powersgd{};
 };
 
+// Horovod's DistributedOptimizer around any optimizer: each backward's gradients reduced
+// across ranks (fusion buckets, overlapped with the backward) before the wrapped step.
 class DistributedOptimizer : public Joinable {
  public:
+  // Collective: every rank the same parameters and options (an error naming the difference).
   DistributedOptimizer(optim::Optimizer& optimizer, comm::Communicator& comm, DistributedOptimizerOptions options = {});
   // Over a process set (Horovod's process_set): its members reduce among themselves; a
   // non-member gets an error naming the set.
@@ -107,7 +112,7 @@ class DistributedOptimizer : public Joinable {
   // RAII: step() does not synchronize while the guard lives (restored on exceptions too).
   class SkipSynchronize {
    public:
-    explicit SkipSynchronize(DistributedOptimizer& optimizer);
+    explicit SkipSynchronize(DistributedOptimizer& optimizer);  // step() stops synchronizing
     ~SkipSynchronize();
     SkipSynchronize(const SkipSynchronize&) = delete;
     SkipSynchronize& operator=(const SkipSynchronize&) = delete;
@@ -116,12 +121,12 @@ class DistributedOptimizer : public Joinable {
     DistributedOptimizer& optimizer_;
     bool previous_;
   };
-  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }  // Horovod's
 
   // Between windows it applies at once; in the middle of an accumulation window (gradients
   // already counted) it applies from the next window, so no gradient is handed over twice.
   void set_backward_passes_per_step(int passes);
-  int backward_passes_per_step() const;
+  int backward_passes_per_step() const;  // the value in force for the current window
 
   // A row-sparse gradient for a parameter declared in sparse_parameters: `indices` (i64, the
   // rows) and `rows` ([nnz, row elements]). It counts as this parameter's readiness for the
@@ -144,7 +149,7 @@ class DistributedOptimizer : public Joinable {
   // load_state_dict). An error while reductions are pending.
   void load_state(const std::filesystem::path& path);
 
-  optim::Optimizer& optimizer() const;
+  optim::Optimizer& optimizer() const;  // the wrapped one
   const Reducer* reducer() const;  // nullptr with one rank or Adasum
   const ZeroOptimizer* zero() const;  // with zero_stage on more than one rank
   // The groups as formed (after the integer split or the list validation), by name.

@@ -19,6 +19,7 @@
 //      several joined in the final step) has taken every step, and each participant makes its
 //      state that rank's (DataParallel broadcasts the parameters and buffers; with `optimizer`
 //      its state is broadcast too).
+//
 // Nothing blocks, whichever rank runs out first, under every sync strategy (no_sync steps issue
 // no collective, so a joined rank has nothing to shadow there), with find_unused_parameters (a
 // joined rank uses nothing), compression and communication hooks (a hook reduces a zero bucket).
@@ -51,10 +52,11 @@ namespace gradsync::dist {
 
 class DataParallel;
 
+// PyTorch's Join arguments (above).
 struct JoinOptions {
-  bool enable = true;
-  bool divide_by_initial_world_size = true;
-  bool throw_on_early_termination = false;
+  bool enable = true;                       // false: the Join does nothing
+  bool divide_by_initial_world_size = true;  // average over the world (true) or the active ranks
+  bool throw_on_early_termination = false;   // every rank raises when the first runs out
 };
 
 // What throw_on_early_termination raises, on every rank at the same step.
@@ -70,7 +72,7 @@ struct JoinStep {
   // DistributedOptimizer), for the participants after it:
   bool synchronized = false;
   int joined = 0;       // ranks out of inputs, this one included
-  int world = 0;
+  int world = 0;        // ranks in all
   int last_joiner = -1;  // the highest rank whose first shadow step this was
   bool optimizer_step_follows = false;  // the active ranks step their optimizer after this synchronization
 };
@@ -95,6 +97,7 @@ class Joinable {
   virtual comm::Communicator& join_communicator() const = 0;
 };
 
+// PyTorch's Join context manager over Joinables: a rank out of inputs shadows the others.
 class Join {
  public:
   // Enters: until join() returns (or the Join is destroyed), this rank's synchronized steps
@@ -113,7 +116,7 @@ class Join {
   // joined, then make every replica equal. Returns the last rank to join (the same on every
   // rank). Collective.
   int join();
-  const JoinOptions& options() const { return options_; }
+  const JoinOptions& options() const { return options_; }  // as given
 
  private:
   void leave();

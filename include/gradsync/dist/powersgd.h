@@ -30,12 +30,13 @@
 
 namespace gradsync::dist {
 
+// PyTorch's PowerSGDState arguments, under its names and defaults.
 struct PowerSGDOptions {
-  int matrix_approximation_rank = 1;
+  int matrix_approximation_rank = 1;  // the rank r of each gradient matrix's approximation P Q^T
   std::int64_t start_powerSGD_iter = 1000;  // must be > 1 with error feedback or warm start (PyTorch's rule)
-  double min_compression_rate = 2;
-  bool use_error_feedback = true;
-  bool warm_start = true;
+  double min_compression_rate = 2;  // a matrix compressed less than this is allreduced whole
+  bool use_error_feedback = true;   // what compression lost is added to the next step's gradient
+  bool warm_start = true;           // Q starts each step from the last step's
   double orthogonalization_epsilon = 0;  // added to each column's norm: guards all-zero gradients
   std::uint32_t random_seed = 0;         // the same on every rank: the random projections must agree
   // PyTorch's batched variant of the per-shape work: matrices of one shape share one random
@@ -43,28 +44,31 @@ struct PowerSGDOptions {
   bool batch_tensors_with_same_shape = false;
 };
 
+// PowerSGD's state across steps (PyTorch's PowerSGDState): the error feedback, the P and Q
+// memories, the iteration, the random generator. Shared by the hook and the caller.
 class PowerSGDState {
  public:
-  explicit PowerSGDState(PowerSGDOptions options);
+  explicit PowerSGDState(PowerSGDOptions options);  // validated (an invalid value is an error naming it)
   ~PowerSGDState();
   PowerSGDState(const PowerSGDState&) = delete;
   PowerSGDState& operator=(const PowerSGDState&) = delete;
 
-  const PowerSGDOptions& options() const;
+  const PowerSGDOptions& options() const;  // as given
   std::int64_t iteration() const;  // steps completed (a step ends with the last bucket of a round)
   // Elements a rank's buckets held, and what it sent for them, since the start (PyTorch's
   // compression_stats): before / after is the compression rate.
-  std::int64_t numel_before_compression() const;
-  std::int64_t numel_after_compression() const;
+  std::int64_t numel_before_compression() const;  // (above)
+  std::int64_t numel_after_compression() const;  // (above)
 
   // Everything a resumed run needs to continue identically: per bucket the error, P and Q
   // memory; the iteration; the random generator. Names: "error.<bucket>", "p.<bucket>",
   // "q.<bucket>", "iteration", "rng". load_state_dict checks what it is given, naming it.
-  std::map<std::string, Tensor> state_dict() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state);
+  std::map<std::string, Tensor> state_dict() const;  // (above)
+  void load_state_dict(const std::map<std::string, Tensor>& state);  // (above)
 
-  // Internal (the hook's working state).
+  // Internal (the hook's working state). \private
   struct Impl;
+  // Internal: the hook's working state. \private
   Impl& impl() { return *impl_; }
 
  private:

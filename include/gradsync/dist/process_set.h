@@ -21,13 +21,14 @@
 
 namespace gradsync::dist {
 
+// Horovod's process set: a subset of the world's ranks with a communicator of their own.
 class ProcessSet {
  public:
   // Collective over `world`. `ranks`: distinct world ranks, in any order (kept sorted).
   ProcessSet(comm::Communicator& world, std::vector<int> ranks);
 
-  const std::vector<int>& ranks() const { return ranks_; }
-  bool includes(int world_rank) const;
+  const std::vector<int>& ranks() const { return ranks_; }  // its members' world ranks, sorted
+  bool includes(int world_rank) const;  // `world_rank` is a member
   // The set's communicator (set rank i is world rank ranks()[i]); members only.
   comm::Communicator& communicator();
   std::string describe() const;  // "process set {0, 2}"

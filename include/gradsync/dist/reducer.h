@@ -46,7 +46,7 @@ namespace gradsync::dist {
 // Gradient compression on the wire: none, or a cast to a 16-bit float for the reduction and
 // back afterwards. Only floating gradients wider than the target are compressed.
 enum class Compression { none, fp16, bf16 };
-const char* compression_name(Compression compression);
+const char* compression_name(Compression compression);  // "none", "fp16", "bf16"
 Compression parse_compression(const std::string& text);  // "none" | "fp16" | "bf16"
 
 // How buckets close when they fill up.
@@ -79,21 +79,22 @@ using ReduceHook = std::function<comm::WorkHandle(comm::Communicator&, Tensor& f
 // first world x piece elements are reduce-scattered as they are (no padding, no copy); the
 // remainder is allreduced in place, a message of under `world` elements.
 struct BucketShard {
-  std::int64_t piece = 0;
-  std::int64_t begin = 0;
-  std::int64_t count = 0;
-  std::vector<std::int64_t> counts;
+  std::int64_t piece = 0;            // floor(numel / world): every rank's share but the remainder
+  std::int64_t begin = 0;            // this rank's first element in the bucket
+  std::int64_t count = 0;            // this rank's elements
+  std::vector<std::int64_t> counts;  // every rank's count, in rank order
 };
-BucketShard shard_bucket(std::int64_t numel, int world, int rank);
+BucketShard shard_bucket(std::int64_t numel, int world, int rank);  // rank `rank`'s piece (above)
 // Keeps this rank's piece of `flat` (a bucket's numel elements: its gradients, or under ZeRO
 // stage 3 its values) and zeroes the rest, giving its whole pages back (Tensor::zero_releasing_pages).
 void release_other_pieces(const Tensor& flat, const BucketShard& shard);
 
+// How a Reducer forms its buckets and reduces them.
 struct ReducerOptions {
   std::vector<std::size_t> bucket_limits{25u << 20};  // bytes; see assign_buckets
-  BucketRule rule = BucketRule::fusion;
-  Compression compression = Compression::none;
-  comm::ReduceOp op = comm::ReduceOp::sum;
+  BucketRule rule = BucketRule::fusion;         // how a bucket closes (Horovod's or DDP's rule)
+  Compression compression = Compression::none;  // the dtype on the wire
+  comm::ReduceOp op = comm::ReduceOp::sum;      // the collective's op
   double prescale = 1.0;   // applied before compression (so dividing first avoids f16 overflow)
   double postscale = 1.0;  // applied after decompression
   ReduceHook hook{};       // empty: comm.allreduce_async(flat, op)
@@ -109,17 +110,22 @@ struct ReducerOptions {
   std::size_t max_buckets_in_flight = 0;
 };
 
+// One bucket as formed: its members and the layout of its flat buffer (what hooks receive).
 struct BucketInfo {
-  std::size_t index = 0;
+  std::size_t index = 0;                    // its place in the launch order
   std::vector<Parameter*> members;          // in bucket order
   std::vector<std::int64_t> member_offset;  // element offset of each member in the flat buffer
-  DType dtype = DType::f32;
-  Device device;
+  DType dtype = DType::f32;                 // of its gradients
+  Device device;                            // where its gradients live
   std::int64_t numel = 0;  // flat buffer elements (padding between arena members included)
   bool arena_view = false;  // true: the flat buffer is a view of the gradient arena
   std::size_t bucket_count = 1;  // buckets of the Reducer: index bucket_count - 1 is launched last in a round
 };
 
+// The one reduction engine (docs/data_parallel.md): gradients collected into buckets, each
+// launched asynchronously as soon as it and every bucket before it are complete, the same order
+// on every rank, with compression, scaling and hooks. DataParallel and the DistributedOptimizer
+// are front ends over it.
 class Reducer {
  public:
   // `order`: the parameters to reduce, in bucket order (each once, trainable, of `registry`).
@@ -150,13 +156,13 @@ class Reducer {
   // zeroed, and the next completed round adds it to its own reduced piece (an accumulation over
   // synchronized microbatches, summed as FSDP sums). Between rounds; nothing to do otherwise.
   void set_aside_reduced_pieces();
-  bool holds_reduced_pieces() const;
+  bool holds_reduced_pieces() const;  // pieces are set aside for the next round
 
-  bool contains(const Parameter& parameter) const;
+  bool contains(const Parameter& parameter) const;  // a member of some bucket
   // True once anything happened this round: a member ready, or a bucket launched.
   bool round_started() const;
-  bool all_launched() const;
-  bool broken() const;
+  bool all_launched() const;  // every bucket of this round is launched
+  bool broken() const;        // a failure broke it: every later call is refused
   const std::string& broken_reason() const;  // empty while usable
   // Throws, naming `what` and the failure that broke this Reducer, when it is broken: what every
   // refusal of a broken Reducer (and of the front ends over it) says.
@@ -164,21 +170,21 @@ class Reducer {
   // The communicator the buckets travel on (this Reducer's duplicate; hooks receive it too).
   comm::Communicator& communicator() const;
 
-  std::size_t bucket_count() const;
-  const BucketInfo& bucket(std::size_t index) const;
-  std::size_t bucket_of(const Parameter& parameter) const;
-  const ReducerOptions& options() const;
-  void set_scales(double prescale, double postscale);
+  std::size_t bucket_count() const;                    // the number of buckets
+  const BucketInfo& bucket(std::size_t index) const;    // one bucket, by launch order
+  std::size_t bucket_of(const Parameter& parameter) const;  // a member's bucket (an error otherwise)
+  const ReducerOptions& options() const;               // as given
+  void set_scales(double prescale, double postscale);  // between rounds (ReducerOptions' meaning)
   void set_hook(ReduceHook hook);  // between rounds
 
   // Statistics since construction: bytes handed to the communicator, launches, and the time
   // wait() spent blocked (communication not hidden behind the caller's work).
   struct Stats {
-    std::int64_t bytes_communicated = 0;
-    std::int64_t buckets_launched = 0;
-    std::chrono::nanoseconds wait_blocked{0};
+    std::int64_t bytes_communicated = 0;        // bytes handed to the communicator
+    std::int64_t buckets_launched = 0;          // launches
+    std::chrono::nanoseconds wait_blocked{0};   // time wait() spent blocked
   };
-  const Stats& stats() const;
+  const Stats& stats() const;  // since construction
 
  private:
   struct Impl;

@@ -41,7 +41,7 @@ void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicato
 // After these, every rank holds root's parameter values (and buffers: frozen parameters), and
 // root's optimizer state (buffers, step counts, hyperparameters). Collective.
 void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root = 0);
-void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root = 0);
+void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root = 0);  // (above)
 
 // Root's byte string on every rank. Collective.
 std::string broadcast_bytes(comm::Communicator& comm, const std::string& bytes, int root);

@@ -31,8 +31,9 @@
 
 namespace gradsync::dist {
 
+// Composer's DDPSyncStrategy (above), and AUTO, which picks one per accumulation window.
 enum class DDPSyncStrategy { single_auto_sync, multi_auto_sync, forced_sync, auto_select };
-const char* sync_strategy_name(DDPSyncStrategy strategy);
+const char* sync_strategy_name(DDPSyncStrategy strategy);  // "single_auto_sync", ...
 // "single_auto_sync" | "multi_auto_sync" | "forced_sync" | "auto"; anything else is an error listing them.
 DDPSyncStrategy parse_sync_strategy(const std::string& text);
 // Composer's trainer default: MULTI when find_unused_parameters, else SINGLE.
@@ -43,11 +44,12 @@ DDPSyncStrategy default_sync_strategy(bool find_unused_parameters);
 // calls it unless an exception is already unwinding (then nothing is communicated).
 class DDPSyncContext {
  public:
+  // Opens the context for one microbatch (the last of its window when is_final_microbatch).
   DDPSyncContext(DataParallel& ddp, bool is_final_microbatch, DDPSyncStrategy strategy);
   ~DDPSyncContext() noexcept(false);
   DDPSyncContext(const DDPSyncContext&) = delete;
   DDPSyncContext& operator=(const DDPSyncContext&) = delete;
-  void close();
+  void close();  // (above)
   DDPSyncStrategy strategy() const { return strategy_; }  // AUTO: the one used for this window
 
  private:
@@ -60,6 +62,7 @@ class DDPSyncContext {
   int uncaught_ = 0;
 };
 
+// Composer's ddp_sync_context(state, is_final_microbatch, sync_strategy), as a guard.
 [[nodiscard]] inline DDPSyncContext ddp_sync_context(DataParallel& ddp, bool is_final_microbatch,
                                                      DDPSyncStrategy strategy) {
   return DDPSyncContext(ddp, is_final_microbatch, strategy);

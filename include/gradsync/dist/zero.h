@@ -1,5 +1,6 @@
-// gradsync/dist/zero.h - sharded optimizer state (ZeRO stage 1) and sharded gradients
-// (stage 2) on DataParallel's buckets: PyTorch's ZeroRedundancyOptimizer, DeepSpeed ZeRO-1/2.
+// gradsync/dist/zero.h - sharded optimizer state (ZeRO stage 1), sharded gradients (stage 2)
+// and sharded parameters (stage 3) on DataParallel's buckets: PyTorch's ZeroRedundancyOptimizer,
+// DeepSpeed ZeRO-1/2/3, FSDP2's full sharding.
 //
 //   dist::DataParallel ddp(registry, comm, {.shard_gradients = stage == 2});
 //   optim::Adam adam(registry, {...});
@@ -39,6 +40,7 @@
 
 namespace gradsync::dist {
 
+// What a ZeroOptimizer shards.
 struct ZeroOptions {
   int stage = 1;  // 1: optimizer state sharded; 2: gradients too (DataParallel's shard_gradients);
                   // 3: parameters too (DataParallel's shard_gradients and units)
@@ -47,6 +49,7 @@ struct ZeroOptions {
   bool auto_prefetch = true;
 };
 
+// An optimizer sharded over the ranks (above): each rank keeps and steps its pieces only.
 class ZeroOptimizer : public Joinable {
  public:
   // Shards `optimizer` (which must not have stepped yet) over the DataParallel's buckets.
@@ -65,16 +68,18 @@ class ZeroOptimizer : public Joinable {
   // The same, returning once the gathers are launched (each bucket's parameters travel while
   // the caller goes on); wait_for / wait_all before the parameters are read.
   void step_async();
-  void wait_for(const Parameter& parameter);
-  void wait_all();
+  void wait_for(const Parameter& parameter);  // waits for the gather bringing this parameter's values
+  void wait_all();                            // waits for every gather in flight
 
+  // The wrapped zero_grad; at stages 2 and 3, zero_grad(false) gives the gradient pages back
+  // instead of writing zeros (a rank keeps only its pieces' pages between steps).
   void zero_grad(bool set_to_undefined = true);
   // Clipping by the global norm (optim/clip.h's semantics): the owned pieces' statistics,
   // summed over ranks. Returns the total norm, the same on every rank.
   double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
-  optim::Optimizer& optimizer() const;
-  int stage() const;
+  optim::Optimizer& optimizer() const;  // the wrapped (sharded) optimizer
+  int stage() const;                    // 1, 2 or 3
   // This rank's pieces: element ranges per arena, as handed to Optimizer::shard.
   const std::vector<std::vector<optim::Optimizer::ElementRange>>& shard_ranges() const;
   // Bytes of optimizer state this rank holds now.
@@ -94,12 +99,12 @@ class ZeroOptimizer : public Joinable {
   // units in the same order (a gather on some ranks only fails at the timeout, naming the unit).
   // The model's values are whole only while every unit is gathered: gather them all before
   // saving the model or before this ZeroOptimizer goes (released units stay released).
-  std::size_t unit_count() const;
-  std::size_t unit_of(const Parameter& parameter) const;
-  void gather(std::size_t unit);
-  void prefetch(std::size_t unit);
-  void release(std::size_t unit);
-  bool gathered(std::size_t unit) const;
+  std::size_t unit_count() const;                          // 0 below stage 3
+  std::size_t unit_of(const Parameter& parameter) const;   // the unit holding a parameter
+  void gather(std::size_t unit);    // the unit's values whole here (above); collective
+  void prefetch(std::size_t unit);  // launches its gather and returns; collective
+  void release(std::size_t unit);   // back to this rank's pieces
+  bool gathered(std::size_t unit) const;  // its values are whole here now
 
   // --- Checkpoints. The consolidated state is exactly an unsharded optimizer's checkpoint
   // (Optimizer::state_tensors / state_metadata): every rank's pieces gathered (collective; the
@@ -107,11 +112,11 @@ class ZeroOptimizer : public Joinable {
   // as every safetensors save) with whatever else the caller adds; an unsharded run loads it
   // with Optimizer::load_state, and a sharded one of any world size with load_state below.
   struct State {
-    std::vector<io::NamedTensor> tensors;
-    io::Metadata metadata;
+    std::vector<io::NamedTensor> tensors;  // as Optimizer::state_tensors names them
+    io::Metadata metadata;                 // as Optimizer::state_metadata gives it
   };
-  State consolidated_state();
-  void save_consolidated(const std::filesystem::path& path);
+  State consolidated_state();  // (above)
+  void save_consolidated(const std::filesystem::path& path);  // (above)
   // Loads an unsharded checkpoint (or a consolidated one, saved by any number of ranks): each
   // rank keeps its pieces. Validation as Optimizer::load_state; collective only in that every
   // rank reads the same file.

@@ -18,9 +18,9 @@ namespace gradsync::io {
 // Streaming XXH64: update() any number of times, digest() at any point.
 class Xxh64 {
  public:
-  explicit Xxh64(std::uint64_t seed = 0);
-  void update(const void* data, std::size_t size);
-  std::uint64_t digest() const;
+  explicit Xxh64(std::uint64_t seed = 0);           // an empty stream
+  void update(const void* data, std::size_t size);  // appends `size` bytes
+  std::uint64_t digest() const;                     // the XXH64 of everything appended so far
 
  private:
   std::uint64_t seed_;
@@ -30,11 +30,12 @@ class Xxh64 {
   std::uint64_t total_ = 0;
 };
 
-std::uint64_t xxh64(const void* data, std::size_t size, std::uint64_t seed = 0);
+std::uint64_t xxh64(const void* data, std::size_t size, std::uint64_t seed = 0);  // of one buffer
 
+// A file's size and XXH64, as a manifest records them.
 struct FileChecksum {
-  std::uint64_t bytes = 0;
-  std::uint64_t xxh64 = 0;
+  std::uint64_t bytes = 0;  // the file's size
+  std::uint64_t xxh64 = 0;  // the XXH64 of its bytes (seed 0)
 };
 // Reads the whole file once; throws naming it when it cannot.
 FileChecksum checksum_file(const std::filesystem::path& path);

@@ -18,11 +18,13 @@
 
 namespace gradsync::io {
 
+// What save_registry writes besides the values.
 struct RegistrySaveOptions {
-  bool include_grads = false;
+  bool include_grads = false;  // the defined gradients too, as "<name>.grad"
   Metadata metadata;  // stored in the header's __metadata__
 };
 
+// What load_registry accepts besides exactly the registry's values.
 struct RegistryLoadOptions {
   // Load "<name>.grad" entries too: present ones become defined gradients, absent ones
   // leave the gradient undefined.
@@ -37,12 +39,16 @@ struct RegistryLoadOptions {
   bool convert_dtypes = false;
 };
 
-std::string grad_key(const std::string& parameter_name);
+std::string grad_key(const std::string& parameter_name);  // "<name>.grad": a gradient's name in a file
 
+// Every parameter's value under its name (PyTorch's safetensors loader reads them as a state
+// dict), atomically: a failed save leaves the previous file whole.
 void save_registry(const ParameterRegistry& registry, const std::filesystem::path& path,
                    const RegistrySaveOptions& options = {});
 
-// Returns the file's metadata.
+// Loads every parameter's value from a file save_registry (or PyTorch) wrote, after validating
+// every tensor (names, dtypes, shapes): any difference is one error listing them all, and
+// nothing changes. Returns the file's metadata.
 Metadata load_registry(ParameterRegistry& registry, const std::filesystem::path& path,
                        const RegistryLoadOptions& options = {});
 

@@ -32,10 +32,11 @@
 
 namespace gradsync::io {
 
-using Metadata = std::map<std::string, std::string>;
+using Metadata = std::map<std::string, std::string>;  // the header's __metadata__: strings by key
 
+// A tensor with the name it has in a file.
 struct NamedTensor {
-  std::string name;
+  std::string name;  // unique in its file
   Tensor tensor;  // any device; device tensors are copied to the host for writing
 };
 
@@ -43,12 +44,13 @@ struct NamedTensor {
 void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                       const Metadata& metadata = {});
 
+// One tensor's entry in a file's header, validated.
 struct TensorInfo {
-  std::string name;
+  std::string name;            // its key in the header
   std::optional<DType> dtype;  // empty: a format dtype gradsync does not handle (see stored_dtype)
-  Shape shape;
+  Shape shape;                 // its dimensions
   std::size_t data_begin;  // byte offsets relative to the start of the data section
-  std::size_t data_end;
+  std::size_t data_end;    // (one past its last byte)
   std::string stored_dtype;  // the file's name for it: "F32", "BOOL", ...
 
   // For messages: gradsync's name ("f32") when it has one, else the file's ("BOOL").
@@ -58,12 +60,12 @@ struct TensorInfo {
 // Opens a file and validates its header. Tensor data is read on demand.
 class SafetensorsReader {
  public:
-  explicit SafetensorsReader(std::filesystem::path path);
+  explicit SafetensorsReader(std::filesystem::path path);  // an error naming the file and the fault
 
-  const std::filesystem::path& path() const { return path_; }
-  const Metadata& metadata() const { return metadata_; }
+  const std::filesystem::path& path() const { return path_; }  // the file
+  const Metadata& metadata() const { return metadata_; }       // its __metadata__
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
-  const TensorInfo* find(std::string_view name) const;
+  const TensorInfo* find(std::string_view name) const;  // nullptr when absent
 
   // Reads one tensor into a new CPU tensor; throws naming it if absent or of a dtype gradsync
   // does not handle.

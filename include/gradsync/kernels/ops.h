@@ -29,10 +29,10 @@ double squared_norm(const Tensor& x);                            // sum x[i]^2
 // x.mul_(factor) would round it): the sum of squares and the largest |v[i]| accumulated in
 // double, and how many v[i] are inf or NaN. What clipping by norm and loss scaling need.
 struct NormStatistics {
-  double sum_of_squares = 0.0;
-  double max_abs = 0.0;
-  std::int64_t nonfinite = 0;
+  double sum_of_squares = 0.0;  // sum of v[i]^2
+  double max_abs = 0.0;         // max |v[i]|
+  std::int64_t nonfinite = 0;   // how many v[i] are inf or NaN
 };
-NormStatistics norm_statistics(const Tensor& x, double factor = 1.0);
+NormStatistics norm_statistics(const Tensor& x, double factor = 1.0);  // (above)
 
 }  // namespace gradsync::ops

@@ -13,13 +13,14 @@
 
 namespace gradsync::kernels {
 
+// The buffers one fused optimizer update reads and writes (above).
 struct UpdateBuffers {
-  DType param_dtype;
-  void* params;
-  DType grad_dtype;
-  const void* grads;
-  DType model_dtype;
-  void* model;
+  DType param_dtype;   // of the values stepped (and of the state)
+  void* params;        // the values stepped: the master copy, or the model's values themselves
+  DType grad_dtype;    // of the gradients
+  const void* grads;   // the gradients
+  DType model_dtype;   // of the model's values
+  void* model;         // the model's 16-bit values the masters are rounded into (null: none)
 };
 
 }  // namespace gradsync::kernels

@@ -20,12 +20,13 @@ namespace gradsync::nn {
 // A Module whose backward synchronizes gradients through a DataParallel.
 class DistributedDataParallel final : public Module {
  public:
+  // Wraps `module`: collective, as the DataParallel it makes over the module's registry.
   DistributedDataParallel(std::shared_ptr<Module> module, comm::Communicator& comm, dist::DataParallelOptions options = {});
   ParameterRegistry& registry() override { return module_->registry(); }
   Tensor forward(const Tensor& input) override { return module_->forward(input); }
   Tensor backward(const Tensor& grad_output) override;  // begin_backward, the module's backward, end_backward
-  dist::DataParallel& data_parallel() { return ddp_; }
-  Module& module() { return *module_; }
+  dist::DataParallel& data_parallel() { return ddp_; }  // the synchronization underneath
+  Module& module() { return *module_; }                 // the wrapped module
 
  private:
   std::shared_ptr<Module> module_;
@@ -41,11 +42,12 @@ std::shared_ptr<Module> prepare_ddp_module(std::shared_ptr<Module> module, comm:
 // DistributedDataParallel, nothing otherwise (see dist::DDPSyncContext).
 class SyncContext {
  public:
+  // Opens the context for one microbatch of `module` (dist::DDPSyncContext's meaning).
   SyncContext(Module& module, bool is_final_microbatch, dist::DDPSyncStrategy strategy);
   ~SyncContext() noexcept(false);
   SyncContext(const SyncContext&) = delete;
   SyncContext& operator=(const SyncContext&) = delete;
-  void close();
+  void close();  // ends the context (FORCED's synchronization runs here, and may throw)
 
  private:
   std::unique_ptr<dist::DDPSyncContext> context_;

@@ -40,8 +40,8 @@ class Linear final : public Module {
   // a = sqrt(5)), from a generator seeded with `seed`.
   void initialize(std::uint64_t seed);
 
-  Parameter& weight() { return *weight_; }
-  Parameter& bias() { return *bias_; }
+  Parameter& weight() { return *weight_; }  // [out_features, in_features]
+  Parameter& bias() { return *bias_; }      // [out_features]
 
  private:
   ParameterRegistry& registry_;
@@ -55,7 +55,7 @@ class Linear final : public Module {
 // max(x, 0); its backward passes the gradient where the input was positive.
 class ReLU final : public Module {
  public:
-  explicit ReLU(ParameterRegistry& registry) : registry_(registry) {}
+  explicit ReLU(ParameterRegistry& registry) : registry_(registry) {}  // no parameters
   ParameterRegistry& registry() override { return registry_; }
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output) override;
@@ -65,9 +65,10 @@ class ReLU final : public Module {
   Tensor output_;
 };
 
+// Layers run in order; the backward runs them in reverse.
 class Sequential final : public Module {
  public:
-  explicit Sequential(ParameterRegistry& registry) : registry_(registry) {}
+  explicit Sequential(ParameterRegistry& registry) : registry_(registry) {}  // empty: add() layers
   ParameterRegistry& registry() override { return registry_; }
 
   // Adds a layer constructed with (registry, args...).
@@ -83,8 +84,8 @@ class Sequential final : public Module {
 
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output) override;  // layers in reverse
-  std::size_t size() const { return layers_.size(); }
-  Module& operator[](std::size_t i) { return *layers_[i]; }
+  std::size_t size() const { return layers_.size(); }        // the number of layers
+  Module& operator[](std::size_t i) { return *layers_[i]; }  // layer i
 
  private:
   ParameterRegistry& registry_;

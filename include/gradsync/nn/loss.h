@@ -13,6 +13,7 @@
 
 namespace gradsync::nn {
 
+// A loss, its gradient with respect to the input, and (classification) the correct count.
 struct LossResult {
   double loss = 0;           // mean over the batch
   Tensor grad;               // same shape as the input

@@ -8,6 +8,7 @@
 
 namespace gradsync::nn {
 
+// A layer or a model with a hand-written backward (above).
 class Module {
  public:
   virtual ~Module() = default;
@@ -19,7 +20,7 @@ class Module {
   // add up) and marks each parameter ready when its gradient is complete.
   virtual Tensor backward(const Tensor& grad_output) = 0;
 
-  bool has_trainable_parameters();
+  bool has_trainable_parameters();  // its registry holds a parameter that requires a gradient
 };
 
 }  // namespace gradsync::nn

@@ -27,9 +27,11 @@
 
 namespace gradsync::nn {
 
+// An nn::Sequential under ZeRO stage 3: each layer with parameters is a unit, gathered around
+// its forward and its backward and released after (the loop above).
 class ShardedSequential final : public Module {
  public:
-  explicit ShardedSequential(std::shared_ptr<Sequential> layers);
+  explicit ShardedSequential(std::shared_ptr<Sequential> layers);  // over an initialized Sequential
   // One unit per layer with parameters, in layer order: DataParallelOptions::units.
   const std::vector<std::vector<Parameter*>>& units() const { return units_; }
   // The stage-3 ZeroOptimizer over the DataParallel made with units(); before the first forward.

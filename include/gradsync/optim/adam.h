@@ -13,20 +13,23 @@
 
 namespace gradsync::optim {
 
+// torch.optim.Adam, fused over arenas (the update above); shards under ZeRO.
 class Adam : public Optimizer {
  public:
+  // torch.optim.Adam's hyperparameters, under its names and defaults (betas as beta1, beta2).
   struct Options {
-    double lr = 1e-3;
-    double beta1 = 0.9;
-    double beta2 = 0.999;
-    double eps = 1e-8;
-    double weight_decay = 0.0;
-    bool amsgrad = false;
-    bool maximize = false;
+    double lr = 1e-3;           // the learning rate
+    double beta1 = 0.9;         // decay of the first moment (exp_avg)
+    double beta2 = 0.999;       // decay of the second moment (exp_avg_sq)
+    double eps = 1e-8;          // added to the denominator
+    double weight_decay = 0.0;  // Adam: L2 added to the gradient; AdamW: decoupled decay
+    bool amsgrad = false;       // keep the maximum of the second moments (max_exp_avg_sq)
+    bool maximize = false;      // ascend: the gradient's sign flipped
   };
+  // One parameter group (PyTorch's param_groups entry).
   struct Group {
-    std::vector<Parameter*> parameters;
-    Options options;
+    std::vector<Parameter*> parameters;  // trainable, of the registry, in no other group
+    Options options;                     // this group's hyperparameters
   };
 
   // MasterWeights::f32 is required for f16/bf16 parameters (see optimizer.h).
@@ -35,7 +38,8 @@ class Adam : public Optimizer {
 
   const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
   bool supports_sharding() const override { return true; }
-  const Options& options(std::size_t group) const;
+  const Options& options(std::size_t group) const;  // a group's hyperparameters
+  // Replaces them, validated first (an invalid value is an error naming it; nothing changes).
   void set_options(std::size_t group, const Options& options);
   Hyperparameters hyperparameters(std::size_t group) const override;
 
@@ -55,11 +59,13 @@ class Adam : public Optimizer {
 // weight_decay for AdamW is 0.01.
 class AdamW : public Adam {
  public:
+  // Adam's defaults with AdamW's weight decay of 0.01.
   static Options defaults() {
     Options options;
     options.weight_decay = 1e-2;
     return options;
   }
+  // Every trainable parameter of the registry, one group; MasterWeights::f32 for f16/bf16.
   AdamW(ParameterRegistry& registry, const Options& options = defaults(),
         MasterWeights master_weights = MasterWeights::none);
   AdamW(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);

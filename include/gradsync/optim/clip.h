@@ -26,7 +26,7 @@
 
 namespace gradsync::optim {
 
-inline constexpr double kInfinityNorm = std::numeric_limits<double>::infinity();
+inline constexpr double kInfinityNorm = std::numeric_limits<double>::infinity();  // norm_type: the max norm
 
 // Returns the total norm (of the unscaled gradients).
 double clip_grad_norm(Optimizer& optimizer, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);

@@ -16,11 +16,14 @@
 
 namespace gradsync::optim {
 
+// One parameter group as torch.optim takes it: its parameters and their hyperparameters.
 struct GroupSettings {
-  std::vector<Parameter*> parameters;
-  Hyperparameters hyperparameters;
+  std::vector<Parameter*> parameters;  // trainable, of the registry, in no other group
+  Hyperparameters hyperparameters;     // by torch.optim's names; the others keep their defaults
 };
 
+// The optimizer `name` ("sgd", "adam", "adamw", any case) over these groups; an unknown name or
+// hyperparameter is an error naming it and listing the valid ones.
 std::unique_ptr<Optimizer> make_optimizer(std::string_view name, ParameterRegistry& registry,
                                           std::vector<GroupSettings> groups,
                                           MasterWeights master_weights = MasterWeights::none);

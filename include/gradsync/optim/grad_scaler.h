@@ -35,24 +35,28 @@ class Communicator;
 
 namespace gradsync::optim {
 
+// torch.amp.GradScaler's arguments, under its names and defaults.
 struct GradScalerOptions {
   double init_scale = 65536.0;  // 2^16
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
+  double growth_factor = 2.0;   // the scale grows by this after growth_interval clean steps
+  double backoff_factor = 0.5;  // and shrinks by this after a step with inf or NaN
+  std::int64_t growth_interval = 2000;  // clean steps before it grows
   bool enabled = true;  // disabled: scale() is 1, step() just steps, update() does nothing
 };
 
+// Dynamic loss scaling for fp16 (torch.amp.GradScaler): the loss scaled up so small gradients
+// survive f16, the optimizer handed 1/scale, a step skipped on every rank when any gradient
+// overflowed, and the scale adjusted.
 class GradScaler {
  public:
   // `communicator`: the ranks that must agree on skipping (null: this process alone, enough
   // when the gradients are already identical everywhere and nobody shards them).
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* communicator = nullptr);
 
-  const GradScalerOptions& options() const { return options_; }
+  const GradScalerOptions& options() const { return options_; }  // as given
   // The factor to multiply the loss (or the loss gradient) by; 1 when disabled.
   double scale() const;
-  std::int64_t growth_tracker() const { return growth_tracker_; }
+  std::int64_t growth_tracker() const { return growth_tracker_; }  // clean steps since the last change
 
   // Hands 1/scale to the optimizer's next step. At most once per optimizer between updates.
   void unscale(Optimizer& optimizer);
@@ -65,18 +69,18 @@ class GradScaler {
   //   scaler.step(inner, [&] { distributed.step(); });
   //   scaler.update();
   bool step(Optimizer& optimizer);
-  bool step(Optimizer& optimizer, const std::function<void()>& step);
+  bool step(Optimizer& optimizer, const std::function<void()>& step);  // `step` instead of optimizer.step()
   // The next scale: backoff after a skipped step, growth after growth_interval clean ones.
   // update(new_scale) sets it instead. Either starts the next iteration.
   void update();
-  void update(double new_scale);
+  void update(double new_scale);  // (above)
   // Whether the last step() of this iteration found inf or NaN (false before any step()).
   bool found_inf() const;
 
   // Checkpoints: scale, growth tracker and options as metadata ("grad_scaler.*"), to store
   // next to the optimizer state; load_state() restores what state_metadata() wrote.
   io::Metadata state_metadata() const;
-  void load_state(const io::Metadata& metadata);
+  void load_state(const io::Metadata& metadata);  // (above); an error naming a missing or bad entry
 
  private:
   enum class Stage { ready, unscaled, stepped };

@@ -20,26 +20,28 @@
 
 namespace gradsync::optim {
 
+// A schedule: step t -> the factor of the base learning rate (the table above).
 class LRSchedule {
  public:
   virtual ~LRSchedule() = default;
-  virtual double factor(std::int64_t step) const = 0;
+  virtual double factor(std::int64_t step) const = 0;  // the factor at step t >= 0
 };
 
-using Schedule = std::shared_ptr<const LRSchedule>;
+using Schedule = std::shared_ptr<const LRSchedule>;  // schedules are shared, immutable values
 
-Schedule constant();
-Schedule step_decay(std::int64_t step_size, double gamma);
-Schedule cosine(std::int64_t total_steps, double min_factor = 0.0);
-Schedule linear_warmup(std::int64_t warmup_steps, Schedule after = constant());
+Schedule constant();  // 1
+Schedule step_decay(std::int64_t step_size, double gamma);  // torch StepLR (above)
+Schedule cosine(std::int64_t total_steps, double min_factor = 0.0);  // torch CosineAnnealingLR (above)
+Schedule linear_warmup(std::int64_t warmup_steps, Schedule after = constant());  // (above)
 
+// Sets an optimizer's learning rates from a schedule, step by step (torch's LRScheduler).
 class LRScheduler {
  public:
   // Remembers each group's current lr as its base and applies factor(0) at once.
   LRScheduler(Optimizer& optimizer, Schedule schedule);
   // Advances to the next step and sets the learning rates for it. Call after optimizer.step().
   void step();
-  std::int64_t current_step() const { return step_; }
+  std::int64_t current_step() const { return step_; }  // the step whose rates are set now
   // Jump to a step (resuming from a checkpoint).
   void set_step(std::int64_t step);
 

@@ -62,16 +62,17 @@ enum class MasterWeights { none, f32 };
 // One pass over the optimized gradients, each multiplied by the pending unscale factor as the
 // step will see it: what clip_grad_norm and GradScaler need. Sums are accumulated in double.
 struct GradientStatistics {
-  double sum_of_squares = 0.0;
-  double max_abs = 0.0;
+  double sum_of_squares = 0.0;                   // the sum of every element's square
+  double max_abs = 0.0;                          // the largest magnitude (inf when one is)
   std::int64_t nonfinite = 0;                    // elements that are inf or NaN
   std::vector<std::string> nonfinite_parameters;  // the parameters holding them, in order
-  bool finite() const { return nonfinite == 0; }
+  bool finite() const { return nonfinite == 0; }  // no element is inf or NaN
 };
 
 // The statistics of the defined gradients among `parameters`, each multiplied by `factor`.
 GradientStatistics gradient_statistics(std::span<Parameter* const> parameters, double factor = 1.0);
 
+// The base of every optimizer: groups, the fused step over arenas, state, checkpoints (above).
 class Optimizer {
  public:
   virtual ~Optimizer();
@@ -82,15 +83,18 @@ class Optimizer {
 
   // One update of every parameter with a defined gradient.
   void step();
+  // Every optimized parameter's gradient undefined (PyTorch's set_to_none) or, with false,
+  // zero-filled; the pending gradient factors return to 1.
   void zero_grad(bool set_to_undefined = true);
 
-  ParameterRegistry& registry() const { return registry_; }
-  std::size_t group_count() const { return groups_.size(); }
+  ParameterRegistry& registry() const { return registry_; }  // whose parameters it optimizes
+  std::size_t group_count() const { return groups_.size(); }  // parameter groups, in order
+  // A group's parameters, in the order it was given them.
   const std::vector<Parameter*>& group_parameters(std::size_t group) const;
   // Every hyperparameter of a group, and the learning rate on its own (what schedules set).
   virtual Hyperparameters hyperparameters(std::size_t group) const = 0;
-  double lr(std::size_t group) const;
-  void set_lr(std::size_t group, double lr);
+  double lr(std::size_t group) const;         // a group's learning rate
+  void set_lr(std::size_t group, double lr);  // sets it (what LR schedules call each step)
   // Replaces the hyperparameters `values` names, by torch.optim's names (what a config file or
   // a checkpoint gives); the others keep their value. A name this optimizer does not have, or an
   // invalid value, is an error naming it, and nothing changes.
@@ -114,9 +118,9 @@ class Optimizer {
   // after step() and zero_grad(); discard_gradient_factors() does it by hand (a skipped step).
   void defer_gradient_unscale(double factor);
   void defer_gradient_clip(double factor);  // multiplies into an earlier clip factor
-  double pending_gradient_unscale() const { return grad_unscale_; }
-  double pending_gradient_clip() const { return grad_clip_; }
-  void discard_gradient_factors();
+  double pending_gradient_unscale() const { return grad_unscale_; }  // 1 when none is pending
+  double pending_gradient_clip() const { return grad_clip_; }        // 1 when none is pending
+  void discard_gradient_factors();  // both factors back to 1 (a step the GradScaler skips)
   // Statistics of the optimized gradients (those defined) times the pending unscale factor.
   // Computed once and kept until the gradients may change (step, zero_grad, a new unscale
   // factor): clipping computes them, and the GradScaler's finite check reuses that pass.
@@ -139,14 +143,15 @@ class Optimizer {
   // checkpoint, whatever world size wrote it). State that exists when shard() is called (a
   // loaded checkpoint) is cut down to the owned pieces.
   struct ElementRange {
-    std::int64_t begin = 0;
-    std::int64_t end = 0;
+    std::int64_t begin = 0;  // the first element, in arena elements
+    std::int64_t end = 0;    // one past the last
   };
   // `combine` turns this rank's statistics of its owned elements into everybody's (the ZeRO
   // front end allreduces them), so clipping and the GradScaler see the global ones.
   void shard(std::vector<std::vector<ElementRange>> ranges_per_arena,
              std::function<void(GradientStatistics&)> combine = {});
-  bool sharded() const;
+  bool sharded() const;  // shard() was called
+  // The element ranges of `arena` this optimizer steps (the whole arena unless sharded).
   const std::vector<ElementRange>& shard_ranges(std::size_t arena) const;
   // Elements one state buffer of `arena` holds (its full size unless sharded).
   std::int64_t state_elements(std::size_t arena) const;
@@ -163,12 +168,15 @@ class Optimizer {
   // arena layout, full[arena][buffer] (undefined: none), for the parameters holding that state:
   // what dist/zero.h writes after gathering every rank's pieces.
   std::vector<io::NamedTensor> state_tensors_of(const std::vector<std::vector<Tensor>>& full) const;
+  // The dtype of `arena`'s state buffers: the arena's own, or f32 for a 16-bit arena stepped
+  // through master weights.
   DType state_dtype(std::size_t arena) const;
 
   // --- Checkpoints (safetensors): state tensors named "optimizer.state.<param>.<buffer>",
   // the type, the groups with their hyperparameters and the step counts in the metadata.
-  std::vector<io::NamedTensor> state_tensors() const;
-  io::Metadata state_metadata() const;
+  std::vector<io::NamedTensor> state_tensors() const;  // every state buffer of every parameter holding one
+  io::Metadata state_metadata() const;  // the type, the groups with their hyperparameters, the step counts
+  // Both in one safetensors file, written atomically (a failed save leaves the old file whole).
   void save_state(const std::filesystem::path& path) const;
   // Loads a state saved by an optimizer of the same type over the same parameters: groups
   // (their members and hyperparameters), step counts and buffers. A piece of a sharded set may
@@ -192,13 +200,13 @@ class Optimizer {
   // PyTorch's initial value (SGD: the gradient itself; Adam: zeros). `begin` counts from the
   // slice's start (below).
   struct Segment {
-    std::int64_t begin;
-    std::int64_t count;
-    std::size_t group;
-    std::int64_t step;
-    std::uint32_t present;
+    std::int64_t begin;         // the first element, from the slice's start
+    std::int64_t count;         // elements in the run
+    std::size_t group;          // whose hyperparameters update it
+    std::int64_t step;          // the step count after this update
+    std::uint32_t present;      // bit b: the run already holds state in buffer b
     double grad_unscale = 1.0;  // the pending gradient factors, the same for every segment
-    double grad_clip = 1.0;
+    double grad_clip = 1.0;     // (unscale first, then clip)
   };
 
   // Where one update_arena call reads and writes: the kernels' buffers (kernels/update_buffers.h)
@@ -206,8 +214,8 @@ class Optimizer {
   // optimizer is sharded (ZeRO), the start of one owned range (update_arena is then called once
   // per range). Segments count from there; so does state_data(slice, b).
   struct ArenaSlice {
-    std::size_t arena;
-    kernels::UpdateBuffers buffers;
+    std::size_t arena;               // which of the registry's arenas
+    kernels::UpdateBuffers buffers;  // positioned at the slice's first element
     std::int64_t state_offset;  // the slice's first element in the state buffers
   };
 

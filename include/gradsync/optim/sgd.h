@@ -11,19 +11,22 @@
 
 namespace gradsync::optim {
 
+// torch.optim.SGD, fused over arenas (the update above); shards under ZeRO.
 class SGD : public Optimizer {
  public:
+  // torch.optim.SGD's hyperparameters, under its names and defaults.
   struct Options {
-    double lr = 1e-3;
-    double momentum = 0.0;
-    double dampening = 0.0;
-    double weight_decay = 0.0;
-    bool nesterov = false;
-    bool maximize = false;
+    double lr = 1e-3;            // the learning rate
+    double momentum = 0.0;       // 0: no momentum buffer
+    double dampening = 0.0;      // scales the new gradient's share of the momentum
+    double weight_decay = 0.0;   // L2: added to the gradient as weight_decay * param
+    bool nesterov = false;       // Nesterov momentum (needs momentum > 0, dampening 0)
+    bool maximize = false;       // ascend: the gradient's sign flipped
   };
+  // One parameter group (PyTorch's param_groups entry).
   struct Group {
-    std::vector<Parameter*> parameters;
-    Options options;
+    std::vector<Parameter*> parameters;  // trainable, of the registry, in no other group
+    Options options;                     // this group's hyperparameters
   };
 
   // Every trainable parameter of the registry, one group. MasterWeights::f32 is required for
@@ -33,7 +36,8 @@ class SGD : public Optimizer {
 
   const char* name() const override { return "SGD"; }
   bool supports_sharding() const override { return true; }
-  const Options& options(std::size_t group) const;
+  const Options& options(std::size_t group) const;  // a group's hyperparameters
+  // Replaces them, validated first (an invalid value is an error naming it; nothing changes).
   void set_options(std::size_t group, const Options& options);
   Hyperparameters hyperparameters(std::size_t group) const override;
 

@@ -17,20 +17,21 @@ namespace gradsync {
 
 class ParameterRegistry;
 
+// One named parameter of a registry (above).
 class Parameter {
  public:
-  const std::string& name() const { return name_; }
-  const Shape& shape() const { return shape_; }
-  std::int64_t numel() const { return numel_; }
-  DType dtype() const { return dtype_; }
+  const std::string& name() const { return name_; }  // unique in its registry
+  const Shape& shape() const { return shape_; }      // its dimensions
+  std::int64_t numel() const { return numel_; }      // its number of elements
+  DType dtype() const { return dtype_; }             // the value's dtype
   DType grad_dtype() const { return grad_dtype_; }  // the gradient's dtype (usually dtype())
-  Device device() const { return device_; }
-  bool requires_grad() const { return requires_grad_; }
+  Device device() const { return device_; }              // where value and gradient live
+  bool requires_grad() const { return requires_grad_; }  // trainable (false: a frozen buffer)
   std::size_t index() const { return index_; }  // registration order, identical on every rank
 
   // Where the parameter lives: which arena, and its element offset in it.
   std::size_t arena_index() const { return arena_index_; }
-  std::size_t arena_offset() const { return arena_offset_; }
+  std::size_t arena_offset() const { return arena_offset_; }  // its first element in the arena
 
   // The value, for reading and writing (initialization, optimizer updates).
   Tensor& value();
@@ -38,7 +39,7 @@ class Parameter {
 
   // The gradient buffer, for reading. Check grad_defined() before trusting its contents.
   const Tensor& grad() const;
-  bool grad_defined() const { return grad_defined_; }
+  bool grad_defined() const { return grad_defined_; }  // false: PyTorch's None
 
   // Gradient writes. Each marks the gradient defined.
   //  * set_grad copies `gradient` in (any device, grad_dtype() and the element count).
@@ -48,9 +49,9 @@ class Parameter {
   //    gradient is zero-filled first, so accumulation always starts from zero.
   // On a frozen parameter (requires_grad false) each of them is an error naming it.
   void set_grad(const Tensor& gradient);
-  void accumulate_grad(const Tensor& gradient);
-  Tensor& grad_for_overwrite();
-  Tensor& grad_for_accumulate();
+  void accumulate_grad(const Tensor& gradient);  // (above)
+  Tensor& grad_for_overwrite();                  // (above)
+  Tensor& grad_for_accumulate();                 // (above)
 
   // Sets the gradient to zero (defined) or back to undefined.
   void zero_grad(bool set_to_undefined = true);
@@ -64,13 +65,13 @@ class Parameter {
   // have the piece set aside first (DataParallel::begin_backward does), or it would be reduced
   // again. set_grad, grad_for_overwrite and zero_grad discard the old gradient and clear it.
   void mark_grad_reduced_piece(bool holds) { grad_reduced_piece_ = holds; }
-  bool grad_holds_reduced_piece() const { return grad_reduced_piece_; }
+  bool grad_holds_reduced_piece() const { return grad_reduced_piece_; }  // (above)
 
   // Sharded parameters (ZeRO stage 3, dist/zero.h): while `why` is set, this rank does not hold
   // the whole value, and value() is an error that names the parameter and says `why` (which
   // unit to gather). Null: the value is here.
   void set_value_released(std::shared_ptr<const std::string> why) { released_ = std::move(why); }
-  bool value_released() const { return released_ != nullptr; }
+  bool value_released() const { return released_ != nullptr; }  // this rank holds only its piece
 
  private:
   friend class ParameterRegistry;

@@ -32,7 +32,7 @@ inline constexpr std::size_t kArenaAlignmentBytes = 256;
 // gradients in a second buffer with the same element layout. Padding between parameters is
 // zero and stays zero.
 struct Arena {
-  Device device;
+  Device device;                        // where both buffers live
   DType dtype;                          // of the values
   DType grad_dtype;                     // of the gradients: usually dtype; f32 for a 16-bit
                                         // model that accumulates its gradients in f32
@@ -41,9 +41,10 @@ struct Arena {
   std::vector<std::size_t> parameters;  // registry indices, in registration order
 };
 
+// Named parameters in flat arenas, and their readiness (the life cycle above).
 class ParameterRegistry {
  public:
-  using ReadyListener = std::function<void(Parameter&)>;
+  using ReadyListener = std::function<void(Parameter&)>;  // hears each mark_ready, on the caller's thread
 
   ParameterRegistry() = default;
   ParameterRegistry(const ParameterRegistry&) = delete;
@@ -60,24 +61,24 @@ class ParameterRegistry {
 
   // Allocates the arenas. Idempotent: a second call does nothing. An empty registry is an error.
   void finalize();
-  bool finalized() const { return finalized_; }
+  bool finalized() const { return finalized_; }  // the arenas are allocated
 
-  std::size_t size() const { return parameters_.size(); }
-  bool empty() const { return parameters_.empty(); }
-  Parameter& operator[](std::size_t index);
+  std::size_t size() const { return parameters_.size(); }  // the number of parameters
+  bool empty() const { return parameters_.empty(); }       // none registered yet
+  Parameter& operator[](std::size_t index);                // by registration index
   const Parameter& operator[](std::size_t index) const;
   Parameter& at(std::string_view name);  // throws, naming it, when absent
   const Parameter& at(std::string_view name) const;
   Parameter* find(std::string_view name);  // nullptr when absent
   const Parameter* find(std::string_view name) const;
-  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  bool contains(std::string_view name) const { return find(name) != nullptr; }  // a parameter has this name
 
   // Iteration in registration order: for (Parameter& p : registry) ...
   class Iterator;
-  Iterator begin() const;
-  Iterator end() const;
+  Iterator begin() const;  // the first parameter
+  Iterator end() const;    // past the last
 
-  const std::vector<Arena>& arenas() const;
+  const std::vector<Arena>& arenas() const;  // after finalize(), in first-use order
 
   // zero_grad over every parameter (frozen ones stay undefined).
   void zero_grad(bool set_to_undefined = true);
@@ -94,7 +95,7 @@ class ParameterRegistry {
 
   // Subscribes a listener; it stays subscribed while the returned handle lives.
   class Subscription;
-  [[nodiscard]] Subscription on_ready(ReadyListener listener);
+  [[nodiscard]] Subscription on_ready(ReadyListener listener);  // (above)
 
  private:
   void require_finalized(const char* what) const;
@@ -113,28 +114,31 @@ class ParameterRegistry {
   void unsubscribe(std::uint64_t id);
 };
 
+// A forward iterator over the parameters, in registration order.
 class ParameterRegistry::Iterator {
  public:
-  using value_type = Parameter;
-  using difference_type = std::ptrdiff_t;
-  Iterator(const std::unique_ptr<Parameter>* position) : position_(position) {}
-  Parameter& operator*() const { return **position_; }
-  Parameter* operator->() const { return position_->get(); }
+  using value_type = Parameter;            // what it visits
+  using difference_type = std::ptrdiff_t;  // (a standard iterator's)
+  Iterator(const std::unique_ptr<Parameter>* position) : position_(position) {}  // at a registry slot
+  Parameter& operator*() const { return **position_; }         // the parameter here
+  Parameter* operator->() const { return position_->get(); }   // its members
+  // The next parameter.
   Iterator& operator++() {
     ++position_;
     return *this;
   }
-  bool operator==(const Iterator& other) const = default;
+  bool operator==(const Iterator& other) const = default;  // at the same slot
 
  private:
   const std::unique_ptr<Parameter>* position_;
 };
 
+// A ready listener's subscription: it unsubscribes when it goes (movable, not copyable).
 class ParameterRegistry::Subscription {
  public:
   Subscription() = default;
-  Subscription(Subscription&& other) noexcept;
-  Subscription& operator=(Subscription&& other) noexcept;
+  Subscription(Subscription&& other) noexcept;  // takes over `other`'s subscription
+  Subscription& operator=(Subscription&& other) noexcept;  // unsubscribes its own, takes `other`'s
   ~Subscription();
   void reset();  // unsubscribes now
 
