@@ -11,8 +11,11 @@
 //   4. The engine's backward writes each gradient into the registry's buffer and marks it
 //      ready, last layer first. DataParallel hears each mark and reduces (here: averages over
 //      ranks) in buckets while the engine continues; end_backward() waits.
-//   5. An optimizer step over the arena, and an atomic safetensors checkpoint; --resume
-//      continues a run and reproduces an uninterrupted run bit for bit.
+//   5. An optimizer step over the arena, and an atomic safetensors checkpoint (the trainers'
+//      format, examples/common/checkpoints.h); --resume continues a run and reproduces an
+//      uninterrupted run bit for bit.
+// Its flags are read by the trainers' Flags (examples/common/flags.h); everything else is the
+// library's own API.
 //
 //   build/examples/bring_your_own_engine --epochs 40
 //   mpirun -np 2 build/examples/bring_your_own_engine --epochs 40 --save ckpt.safetensors
@@ -22,9 +25,10 @@
 #include <random>
 #include <string>
 
+#include "common/checkpoints.h"
+#include "common/flags.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
-#include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/optim/sgd.h"
 
 using namespace gradsync;
@@ -42,25 +46,19 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
-  Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error("flag " + flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--help" || flag == "-h") {
-      std::printf("bring_your_own_engine [--epochs 40] [--lr 0.05] [--save CKPT] [--resume CKPT]\n"
-                  "  linear regression through DataParallel with a hand-written engine; run alone, with\n"
-                  "  mpirun -np N, or scripts/launch.sh N\n");
-      std::exit(0);
-    }
-    if (flag == "--epochs") options.epochs = std::stoi(value());
-    else if (flag == "--lr") options.lr = std::stod(value());
-    else if (flag == "--save") options.save = value();
-    else if (flag == "--resume") options.resume = value();
-    else throw Error("unknown flag " + flag + " (known: --epochs --lr --save --resume)");
+  examples::Flags flags(argc, argv);
+  if (flags.flag("--help")) {
+    std::printf("bring_your_own_engine [--epochs 40] [--lr 0.05] [--save CKPT] [--resume CKPT]\n"
+                "  linear regression through DataParallel with a hand-written engine; run alone, with\n"
+                "  mpirun -np N, or scripts/launch.sh N\n");
+    std::exit(0);
   }
+  Options options;
+  options.epochs = static_cast<int>(flags.integer("--epochs", options.epochs));
+  options.lr = flags.number("--lr", options.lr);
+  options.save = flags.text("--save", "");
+  options.resume = flags.text("--resume", "");
+  flags.finish();
   return options;
 }
 
@@ -109,20 +107,20 @@ int main(int argc, char** argv) try {
   Parameter& weight = registry.add("linear.weight", {options.features});
   Parameter& bias = registry.add("linear.bias", {1});
   registry.finalize();
-  int start_epoch = 0;
-  if (!options.resume.empty()) {
-    const io::Metadata metadata = io::load_registry(registry, options.resume);
-    start_epoch = std::stoi(metadata.at("epoch"));
-    if (comm->rank() == 0) std::printf("resumed from %s at epoch %d\n", options.resume.c_str(), start_epoch);
-  }
 
-  // 3. Data parallelism over the registry, and plain SGD over its arena.
-  dist::DataParallel ddp(registry, *comm);
+  // 3. Data parallelism over the registry, and plain SGD over its arena; a checkpoint holds the
+  //    weights, SGD's state and the epoch to run next.
   optim::SGD sgd(registry, optim::SGD::Options{.lr = options.lr, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0,
                                               .nesterov = false, .maximize = false});
+  examples::Progress progress;
+  if (!options.resume.empty()) {
+    progress = examples::load_checkpoint(options.resume, registry, sgd);
+    if (comm->rank() == 0) std::printf("resumed from %s at epoch %d\n", options.resume.c_str(), progress.epoch);
+  }
+  dist::DataParallel ddp(registry, *comm);
 
   const int batches = options.samples / options.batch;
-  for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
+  for (int epoch = progress.epoch; epoch < options.epochs; ++epoch) {
     double epoch_loss = 0.0;
     for (int batch = 0; batch < batches; ++batch) {
       const float* w = weight.value().data_as<float>();
@@ -171,7 +169,9 @@ int main(int argc, char** argv) try {
   }
   // An atomic checkpoint: a crash during this save leaves any previous file intact.
   if (!options.save.empty() && comm->rank() == 0) {
-    io::save_registry(registry, options.save, {.include_grads = false, .metadata = {{"epoch", std::to_string(options.epochs)}}});
+    progress = {.epoch = options.epochs, .step_in_epoch = 0, .global_step = options.epochs * batches,
+                .global_batch = options.batch};
+    examples::save_checkpoint(options.save, registry, {sgd.state_tensors(), sgd.state_metadata()}, progress);
     std::printf("saved %s\n", options.save.c_str());
   }
   return weight_error < 0.01 ? EXIT_SUCCESS : EXIT_FAILURE;

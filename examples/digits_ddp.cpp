@@ -95,8 +95,8 @@ int main(int argc, char** argv) try {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
                 "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n"
                 "  --zero 0|1|2|3 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too, 3 the parameters too)\n"
-                "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n",
-                examples::kCommonHelp);
+                "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n%s\n",
+                examples::kCommonHelp, examples::kRestartHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--microbatches");

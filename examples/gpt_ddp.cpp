@@ -86,7 +86,8 @@ int main(int argc, char** argv) try {
         "  --vocab FILE (one byte per token, in token order: samples print as text)\n"
         "  --precision f32|bf16 (bf16: bf16 parameters and gradients, f32 arithmetic and master weights)\n"
         "  --sync-strategy single|multi|forced|auto (across microbatches; Composer's)   --uneven (rank r stops\n"
-        "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n");
+        "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n%s\n",
+        examples::kRestartHelp);
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -115,7 +116,8 @@ int main(int argc, char** argv) try {
   const double clip_norm = flags.number("--clip-norm", 1.0);
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
-  const std::string resume = flags.text("--resume", "");
+  const std::string resume_flag = flags.text("--resume", "");
+  const examples::RestartOptions restarts = examples::parse_restart_options(flags);
   const std::string val_path = flags.text("--val", "");
   const std::string vocab_path = flags.text("--vocab", "");
   const std::int64_t sample_tokens = flags.integer("--sample", 0);
@@ -132,6 +134,8 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
   GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
+  GRADSYNC_CHECK(!(uneven && restarts.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks ",
+                 "with uneven inputs reach a step count at different times (checkpoints are written at the end)");
   GRADSYNC_CHECK(zero_stage < 3 || precision == "f32", "--zero 3 --precision ", precision, ": stage 3 runs f32 ",
                  "parameters here (the model widens every bf16 weight at once, which sharding would undo)");
 
@@ -161,10 +165,21 @@ int main(int argc, char** argv) try {
   // bf16 parameters: AdamW updates an f32 master copy and rounds it into them after each step.
   optim::AdamW optimizer(registry, {{decay, options}, {no_decay, no_decay_options}},
                          precision == "bf16" ? optim::MasterWeights::f32 : optim::MasterWeights::none);
-  // A checkpoint (trainer_support's format: weights, AdamW's state, the step) is read whole on
-  // every rank, before ZeRO shards the state.
+  // A checkpoint (examples/common/checkpoints.h: weights, AdamW's state, the step) is read whole
+  // on every rank, before ZeRO shards the state: --resume, else the latest in --checkpoint-dir
+  // (a run restarted by torchrun resumes by itself). Its global batch is this run's: the batches
+  // are cut by global sequence index, so the steps after it read what an uninterrupted run would.
   examples::Progress progress;
-  if (!resume.empty()) progress = examples::load_checkpoint(resume, registry, optimizer);
+  const std::string resume = examples::resume_point(restarts, resume_flag);
+  if (!resume.empty()) {
+    const std::int64_t trained_with = examples::checkpoint_global_batch(resume);
+    GRADSYNC_CHECK(trained_with == 0 || trained_with == batch * comm->size(), resume, " was trained with a global batch ",
+                   "of ", trained_with, " sequences; this run's is ", batch * comm->size(), " (", comm->size(),
+                   " ranks x --batch ", batch, "), and a resumed run keeps it");
+    if (comm->rank() == 0 && !quiet) std::printf("resuming from %s\n", resume.c_str());
+    progress = examples::load_checkpoint(resume, registry, optimizer);
+  }
+  progress.global_batch = batch * comm->size();
 
   // Stage 3: each unit (the embeddings, each block, the final LayerNorm) is one bucket.
   dist::DataParallelOptions ddp_options{.shard_gradients = zero_stage >= 2};
@@ -214,7 +229,14 @@ int main(int argc, char** argv) try {
   using Clock = std::chrono::steady_clock;
   const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   double total_seconds = 0, total_sync = 0, total_optimizer = 0;
-  for (std::int64_t step = progress.global_step; step < my_steps; ++step) {
+  // What a checkpoint holds of AdamW: its state (ZeRO's pieces gathered: every rank takes part).
+  const auto optimizer_state = [&] {
+    if (!zero) return examples::OptimizerCheckpoint{optimizer.state_tensors(), optimizer.state_metadata()};
+    dist::ZeroOptimizer::State consolidated = zero->consolidated_state();
+    return examples::OptimizerCheckpoint{std::move(consolidated.tensors), std::move(consolidated.metadata)};
+  };
+  const std::int64_t first_step = progress.global_step;
+  for (std::int64_t step = first_step; step < my_steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     double step_loss = 0, sync_seconds = 0;
     for (std::int64_t m = 0; m < microbatches; ++m) {
@@ -264,9 +286,18 @@ int main(int argc, char** argv) try {
       const double seconds = since(start);
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s  (of the step so far: sync wait %.1f%%, optimizer %.1f%%)\n",
                   static_cast<long long>(step), step_loss, rate,
-                  static_cast<double>(step + 1 - progress.global_step) * tokens / seconds, 100 * total_sync / total_seconds,
+                  static_cast<double>(step + 1 - first_step) * tokens / seconds, 100 * total_sync / total_seconds,
                   100 * total_optimizer / total_seconds);
     }
+    // Restarts: every --checkpoint-every steps a checkpoint into the folder (at stage 3 the model
+    // gathered whole for it, then released again); --kill-rank's fault injection after it.
+    progress.global_step = step + 1;
+    if (examples::checkpoint_due(restarts, progress.global_step)) {
+      if (zero && zero_stage == 3) for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
+      examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_state(), progress);
+      if (zero && zero_stage == 3) for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->release(unit);
+    }
+    examples::kill_if_asked(restarts, comm->rank(), progress.global_step, "gpt_ddp");
   }
   if (join) {
     const int last = join->join();
@@ -353,17 +384,14 @@ int main(int argc, char** argv) try {
     std::printf("peak RSS per rank: %.0f MiB (the largest of %lld ranks; parameters %.1f MiB)\n", peak.to_double_vector()[0],
                 static_cast<long long>(world), static_cast<double>(registry.total_numel() * dtype_size(registry.begin()->dtype())) / (1 << 20));
   }
+  // The weights under nanoGPT's names (PyTorch loads them), AdamW's state, the step; one file,
+  // written atomically by rank 0: --save, and the restarts folder's last checkpoint.
+  progress.global_step = std::max(progress.global_step, steps);
+  if (!restarts.checkpoint_dir.empty()) {
+    examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_state(), progress);
+  }
   if (!save.empty()) {
-    // The weights under nanoGPT's names (PyTorch loads them), AdamW's state (ZeRO's pieces
-    // gathered: every rank takes part), the step; one file, written atomically by rank 0.
-    examples::OptimizerCheckpoint state;
-    if (zero) {
-      dist::ZeroOptimizer::State consolidated = zero->consolidated_state();
-      state = examples::OptimizerCheckpoint{std::move(consolidated.tensors), std::move(consolidated.metadata)};
-    } else {
-      state = examples::OptimizerCheckpoint{optimizer.state_tensors(), optimizer.state_metadata()};
-    }
-    progress.global_step = std::max(progress.global_step, steps);
+    const examples::OptimizerCheckpoint state = optimizer_state();
     if (comm->rank() == 0) examples::save_checkpoint(save, registry, state, progress);
   }
   return 0;

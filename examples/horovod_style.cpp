@@ -32,8 +32,8 @@ int main(int argc, char** argv) try {
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("horovod_style flags:\n  --backward-passes-per-step 1   --compression none|fp16|bf16   "
-                "--op average|sum|adasum\n%s\n",
-                examples::kCommonHelp);
+                "--op average|sum|adasum\n%s\n%s\n",
+                examples::kCommonHelp, examples::kRestartHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--backward-passes-per-step");

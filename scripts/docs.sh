@@ -8,13 +8,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if ! command -v doxygen >/dev/null; then
-  echo "== installing: doxygen"
-  sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends doxygen >/dev/null
-fi
+source scripts/install_packages.sh
+install_packages doxygen
 out=${1:-build/docs}
 rm -rf "$out/html"
 mkdir -p "$out"

@@ -23,17 +23,8 @@ if [[ "${1:-}" == "--with-reference" ]]; then
   packages+=(python3-torch python3-numpy python3-pip python3-venv)
 fi
 
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source scripts/install_packages.sh
+install_packages "${packages[@]}"
 if [[ "${1:-}" == "--with-reference" ]]; then
   /usr/bin/python3 -c 'import safetensors' 2>/dev/null ||
     /usr/bin/python3 -m pip install -q --break-system-packages safetensors

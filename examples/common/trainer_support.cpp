@@ -1,161 +1,19 @@
-// The example trainers' shared parts (trainer_support.h).
+// The digits trainers' model and training run (trainer_support.h).
 #include "trainer_support.h"
 
 #include <algorithm>
-#include <cmath>
-#include <csignal>
-#include <cstdlib>
-#include <fstream>
-#include <limits>
-#include <cstring>
-#include <filesystem>
-#include <numeric>
-#include <optional>
-#include <tuple>
-#include <random>
 #include <chrono>
+#include <cstdio>
 #include <thread>
+#include <tuple>
 
-#include "gradsync/comm/connect.h"
 #include "gradsync/core/timeline.h"
-
 #include "gradsync/io/registry_checkpoint.h"
-#include "gradsync/kernels/ops.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/sgd.h"
 
 namespace gradsync::examples {
-
-Flags::Flags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string name = argv[i];
-    GRADSYNC_CHECK(name.rfind("--", 0) == 0, "unexpected argument '", name, "' (flags are --name [value])");
-    if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
-      values_[name] = argv[++i];
-    } else {
-      switches_.insert(name);
-    }
-  }
-}
-
-std::string Flags::text(const std::string& name, const std::string& fallback) {
-  known_.insert(name);
-  GRADSYNC_CHECK(!switches_.count(name), "flag ", name, " needs a value");
-  const auto found = values_.find(name);
-  return found == values_.end() ? fallback : found->second;
-}
-
-std::int64_t Flags::integer(const std::string& name, std::int64_t fallback) {
-  const std::string value = text(name, "");
-  if (value.empty()) return fallback;
-  try {
-    return std::stoll(value);
-  } catch (const std::exception&) {
-    detail::throw_error("flag ", name, " wants an integer, got '", value, "'");
-  }
-}
-
-double Flags::number(const std::string& name, double fallback) {
-  const std::string value = text(name, "");
-  if (value.empty()) return fallback;
-  try {
-    return std::stod(value);
-  } catch (const std::exception&) {
-    detail::throw_error("flag ", name, " wants a number, got '", value, "'");
-  }
-}
-
-bool Flags::given(const std::string& name) const { return values_.count(name) > 0 || switches_.count(name) > 0; }
-
-bool Flags::flag(const std::string& name) {
-  known_.insert(name);
-  GRADSYNC_CHECK(!values_.count(name), "flag ", name, " takes no value");
-  return switches_.count(name) > 0;
-}
-
-void Flags::finish() const {
-  std::string unknown;
-  for (const auto& [name, value] : values_) {
-    if (!known_.count(name)) unknown += " " + name;
-  }
-  for (const std::string& name : switches_) {
-    if (!known_.count(name)) unknown += " " + name;
-  }
-  if (!unknown.empty()) {
-    std::string list;
-    for (const std::string& name : known_) list += " " + name;
-    detail::throw_error("unknown flag(s):", unknown, "; known:", list);
-  }
-}
-
-std::string default_data_path() { return GRADSYNC_EXAMPLES_DATA "/digits.safetensors"; }
-
-Dataset load_dataset(const std::string& path, double input_scale) {
-  const io::SafetensorsReader file(path);
-  Dataset data;
-  data.images = file.read("images").to(DType::f32);
-  GRADSYNC_CHECK(data.images.shape().size() == 2, path, ": 'images' must be [count, features], got ", data.images.describe());
-  ops::scale(data.images, input_scale);
-  data.labels = file.read("labels");
-  GRADSYNC_CHECK(data.labels.dtype() == DType::i64 && data.labels.numel() == data.images.shape()[0], path,
-                 ": 'labels' must be i64 [", data.images.shape()[0], "], got ", data.labels.describe());
-  data.count = data.images.shape()[0];
-  data.features = data.images.shape()[1];
-  const std::int64_t* labels = data.labels.data_as<std::int64_t>();
-  for (std::int64_t i = 0; i < data.count; ++i) {
-    GRADSYNC_CHECK(labels[i] >= 0, path, ": negative label at row ", i);
-    data.classes = std::max(data.classes, labels[i] + 1);
-  }
-  return data;
-}
-
-Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, bool shuffle) {
-  GRADSYNC_CHECK(holdout >= 0 && holdout < 1, "--holdout must be in [0, 1), got ", holdout);
-  std::vector<std::int64_t> order(static_cast<std::size_t>(data.count));
-  std::iota(order.begin(), order.end(), 0);
-  if (shuffle) {
-    std::mt19937_64 generator(seed);
-    std::shuffle(order.begin(), order.end(), generator);
-  }
-  const auto heldout = static_cast<std::size_t>(static_cast<double>(data.count) * holdout);
-  Split split;
-  split.train.assign(order.begin(), order.end() - static_cast<std::ptrdiff_t>(heldout));
-  split.heldout.assign(order.end() - static_cast<std::ptrdiff_t>(heldout), order.end());
-  return split;
-}
-
-std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& train, std::uint64_t seed, int epoch, int rank,
-                                      int world, std::int64_t local_batch, bool shuffle) {
-  std::vector<std::int64_t> global = train;
-  if (shuffle) {
-    std::mt19937_64 generator(seed * 1000003u + static_cast<std::uint64_t>(epoch) * 7919u);
-    std::shuffle(global.begin(), global.end(), generator);
-  }
-  const auto batch = static_cast<std::size_t>(local_batch);
-  const std::size_t global_batch = batch * static_cast<std::size_t>(world);
-  std::vector<std::int64_t> mine;
-  for (std::size_t begin = 0; begin + global_batch <= global.size(); begin += global_batch) {
-    const auto slice = global.begin() + static_cast<std::ptrdiff_t>(begin + batch * static_cast<std::size_t>(rank));
-    mine.insert(mine.end(), slice, slice + static_cast<std::ptrdiff_t>(batch));
-  }
-  return mine;
-}
-
-Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
-             Device device) {
-  const std::int64_t rows = end - begin;
-  Tensor images = Tensor::empty({rows, data.features}, DType::f32);
-  Tensor labels = Tensor::empty({rows}, DType::i64);
-  const float* source = data.images.data_as<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t row = order[static_cast<std::size_t>(begin + r)];
-    std::memcpy(images.data_as<float>() + r * data.features, source + row * data.features,
-                static_cast<std::size_t>(data.features) * sizeof(float));
-    labels.data_as<std::int64_t>()[r] = data.labels.data_as<std::int64_t>()[row];
-  }
-  return {images.to(device), labels};
-}
 
 std::shared_ptr<nn::Sequential> make_mlp(ParameterRegistry& registry, std::int64_t features, std::int64_t hidden,
                                          std::int64_t classes, Device device, std::uint64_t seed, DType dtype) {
@@ -197,146 +55,6 @@ double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::i
   return static_cast<double>(correct) / static_cast<double>(rows.size());
 }
 
-void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
-                     const Progress& progress, const optim::GradScaler* scaler) {
-  std::vector<io::NamedTensor> tensors;
-  for (const Parameter& parameter : registry) tensors.push_back({parameter.name(), parameter.value()});
-  for (const io::NamedTensor& state : optimizer.tensors) tensors.push_back(state);
-  io::Metadata metadata = optimizer.metadata;
-  metadata["epoch"] = std::to_string(progress.epoch);
-  metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
-  metadata["global_step"] = std::to_string(progress.global_step);
-  metadata["global_batch"] = std::to_string(progress.global_batch);
-  if (scaler != nullptr) metadata.merge(scaler->state_metadata());
-  io::save_safetensors(path, tensors, metadata);
-}
-
-Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
-                         optim::GradScaler* scaler) {
-  // Both loads validate everything before they change anything; the weights first.
-  const io::Metadata metadata = io::load_registry(registry, path, {.load_grads = false, .allow_extra_tensors = true});
-  optimizer.load_state(io::SafetensorsReader(path));
-  if (scaler != nullptr && metadata.contains("grad_scaler.scale")) scaler->load_state(metadata);
-  Progress progress;
-  try {
-    progress.epoch = std::stoi(metadata.at("epoch"));
-    progress.step_in_epoch = std::stoll(metadata.at("step_in_epoch"));
-    progress.global_step = std::stoll(metadata.at("global_step"));
-    if (metadata.contains("global_batch")) progress.global_batch = std::stoll(metadata.at("global_batch"));
-  } catch (const std::exception&) {
-    detail::throw_error(path, ": no training progress in its metadata (epoch, step_in_epoch, global_step)");
-  }
-  return progress;
-}
-
-std::string latest_checkpoint(const std::string& folder) {
-  std::ifstream in(std::filesystem::path(folder) / "latest");
-  std::string name;
-  if (!(in >> name)) return "";
-  const std::filesystem::path path = std::filesystem::path(folder) / name;
-  GRADSYNC_CHECK(std::filesystem::exists(path), folder, "/latest names ", name, ", which is not there");
-  return path.string();
-}
-
-namespace {
-
-// What a checkpoint holds for the optimizer: the trainer's own (ZeRO's consolidated state, a
-// collective), else the optimizer's state.
-OptimizerCheckpoint optimizer_checkpoint_of(Training& t) {
-  if (t.optimizer_checkpoint) return t.optimizer_checkpoint();
-  return OptimizerCheckpoint{t.optimizer->state_tensors(), t.optimizer->state_metadata()};
-}
-
-// A checkpoint into the folder: every rank takes part (ZeRO gathers the optimizer state), rank 0
-// writes step_<N>.safetensors (atomically), then renames a new `latest` into place, then removes
-// all but the two newest; the barrier makes it complete before any rank goes on. A kill at any
-// moment leaves `latest` naming a whole checkpoint.
-void checkpoint_into_folder(Training& t, const TrainerOptions& options) {
-  if (t.gather_model) t.gather_model();
-  const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);
-  if (t.comm->rank() == 0) {
-    namespace fs = std::filesystem;
-    const fs::path folder(options.checkpoint_dir);
-    fs::create_directories(folder);
-    const std::string name = "step_" + std::to_string(t.progress.global_step) + ".safetensors";
-    save_checkpoint((folder / name).string(), t.registry, optimizer_state, t.progress, t.scaler.get());
-    {
-      std::ofstream out(folder / "latest.partial");
-      out << name << "\n";
-      GRADSYNC_CHECK(out.good(), "cannot write ", (folder / "latest.partial").string());
-    }
-    fs::rename(folder / "latest.partial", folder / "latest");
-    std::vector<std::pair<std::int64_t, fs::path>> steps;
-    for (const fs::directory_entry& entry : fs::directory_iterator(folder)) {
-      const std::string file = entry.path().filename().string();
-      if (file.starts_with("step_") && file.ends_with(".safetensors")) {
-        steps.emplace_back(std::stoll(file.substr(5, file.size() - 5 - 12)), entry.path());
-      }
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(steps[i].second);
-  }
-  t.comm->barrier();
-}
-
-}  // namespace
-
-Metrics::Metrics(const std::string& path, bool writer) {
-  if (path.empty() || !writer) return;
-  file_ = std::fopen(path.c_str(), "w");
-  GRADSYNC_CHECK(file_ != nullptr, "cannot write the metrics file ", path);
-}
-
-Metrics::~Metrics() {
-  if (file_ != nullptr) std::fclose(file_);
-}
-
-void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
-                   const std::vector<std::pair<const char*, double>>& extra) {
-  if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f", static_cast<long long>(step), epoch, loss);
-  if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
-  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.6g", name, value);
-  std::fprintf(file_, "}\n");
-  std::fflush(file_);
-}
-
-void Metrics::stragglers(std::int64_t step, const comm::StragglerReport& report) {
-  if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"stragglers\": {\"steps\": %lld, \"slowest\": %d, \"waited_ms_per_step\": %.3f, "
-               "\"max_waited_ms_per_step\": %.3f, \"wire_ms\": [", static_cast<long long>(step),
-               static_cast<long long>(report.steps), report.slowest, report.waited_ms_per_step,
-               report.worst_waited_ms_per_step);
-  for (std::size_t r = 0; r < report.wire_ms.size(); ++r) std::fprintf(file_, "%s%.3f", r ? ", " : "", report.wire_ms[r]);
-  std::fprintf(file_, "]}}\n");
-  std::fflush(file_);
-}
-
-void Metrics::epoch(std::int64_t step, int epoch, double loss, double accuracy) {
-  if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.6f, \"accuracy\": %.6f}\n",
-               static_cast<long long>(step), epoch, loss, accuracy);
-  std::fflush(file_);
-}
-
-void require_identical_replicas(comm::Communicator& comm, const ParameterRegistry& registry) {
-  // FNV-1a over every parameter's bytes, in registration order.
-  std::uint64_t hash = 1469598103934665603ull;
-  for (const Parameter& parameter : registry) {
-    const Tensor host = parameter.value().to(Device::cpu());
-    const auto* bytes = static_cast<const unsigned char*>(host.data());
-    for (std::size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  }
-  Tensor mine = Tensor::zeros({1}, DType::i64);
-  mine.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(hash);
-  Tensor all = Tensor::zeros({comm.size()}, DType::i64);
-  comm.allgather_host(mine, all);
-  for (int r = 0; r < comm.size(); ++r) {
-    GRADSYNC_CHECK(all.data_as<std::int64_t>()[r] == mine.data_as<std::int64_t>()[0], "rank ", comm.rank(),
-                   " and rank ", r, " hold different weights after training");
-  }
-}
-
 const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu|cuda   --optimizer sgd|adam|adamw   --lr (0.05 sgd, else 0.003)
   --precision f32|bf16|fp16 (16-bit weights, f32 master weights; fp16 adds loss scaling)   --clip-norm C (0: off)
   --timeline PATH (a Chrome trace per rank: PATH with .rank<R> before the extension; or GRADSYNC_TIMELINE)
@@ -345,40 +63,7 @@ const char* const kCommonHelp = R"(  --backend auto|mpi|gloo|nccl   --device cpu
   --holdout 0.2   --no-shuffle   --init WEIGHTS.safetensors   --save CKPT.safetensors   --resume CKPT.safetensors
   --max-steps N   --metrics FILE.jsonl   --min-accuracy A   --check-replicas   --quiet
   --stragglers N (every N steps: the rank the others waited for, from the flight records)   --delay-rank R:MS
-  --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs)
-  --checkpoint-dir D --checkpoint-every N (a checkpoint every N steps and at the end, D/latest naming it; a run
-    with D resumes from D/latest by itself: restarts under torchrun --max-restarts)
-  --kill-rank R:STEP (fault injection: rank R SIGKILLs itself after step STEP, in the first attempt only))";
-
-namespace {
-
-// A flag of the form RANK:NUMBER (--delay-rank, --kill-rank); nullopt when it is not given.
-std::optional<std::pair<int, std::int64_t>> rank_and_number(Flags& flags, const char* flag, const char* number) {
-  const std::string text = flags.text(flag, "");
-  if (text.empty()) return std::nullopt;
-  const std::size_t colon = text.find(':');
-  try {
-    GRADSYNC_CHECK(colon != std::string::npos, "");
-    return std::pair<int, std::int64_t>(std::stoi(text.substr(0, colon)), std::stoll(text.substr(colon + 1)));
-  } catch (const std::exception&) {
-    detail::throw_error(flag, " wants RANK:", number, ", got '", text, "'");
-  }
-}
-
-}  // namespace
-
-Ranks connect_ranks(const std::string& backend, Device device, bool any_gpu) {
-  Ranks ranks;
-  // The communicator; with NCCL the GPU is the one chosen for this rank.
-  ranks.comm = comm::connect(backend, device);
-  // With Gloo or MPI and --device cuda, the GPU of this rank's local rank too (several ranks
-  // share one when there are fewer GPUs than ranks); their tensors are staged through host memory.
-  ranks.device = ranks.comm->device_type().is_cuda() ? ranks.comm->device_type() : device;
-  if (ranks.device.is_cuda() && any_gpu && cuda_device_count() > 0) {
-    ranks.device = Device::cuda(comm::local_rank_from_environment(ranks.comm->rank()) % cuda_device_count());
-  }
-  return ranks;
-}
+  --uneven (rank r of W trains on (2W - r) / 2W of its shard per epoch, then joins: uneven inputs))";
 
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag) {
   TrainerOptions o;
@@ -408,7 +93,7 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.metrics = flags.text("--metrics", "");
   o.stragglers = flags.integer("--stragglers", 0);
   GRADSYNC_CHECK(o.stragglers >= 0, "--stragglers ", o.stragglers, " must not be negative");
-  if (const auto delay = rank_and_number(flags, "--delay-rank", "MILLISECONDS")) {
+  if (const auto delay = flags.rank_and_number("--delay-rank", "MILLISECONDS")) {
     std::tie(o.delay_rank, o.delay_ms) = std::pair<int, int>(delay->first, static_cast<int>(delay->second));
   }
   o.min_accuracy = flags.number("--min-accuracy", -1);
@@ -419,13 +104,9 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
                  "numbers of steps would stop in different epochs (use --epochs)");
   GRADSYNC_CHECK(!(o.uneven && o.stragglers > 0), "--uneven does not combine with --stragglers: its summary is a ",
                  "collective every N steps, and ranks with uneven inputs take different numbers of steps");
-  o.checkpoint_dir = flags.text("--checkpoint-dir", "");
-  o.checkpoint_every = flags.integer("--checkpoint-every", 0);
-  GRADSYNC_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every, " must not be negative");
-  GRADSYNC_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
-  GRADSYNC_CHECK(!(o.uneven && o.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks with ",
+  o.restarts = parse_restart_options(flags);
+  GRADSYNC_CHECK(!(o.uneven && o.restarts.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks with ",
                  "uneven inputs reach a step count at different times (checkpoints are written at the end of each run)");
-  if (const auto kill = rank_and_number(flags, "--kill-rank", "STEP")) std::tie(o.kill_rank, o.kill_step) = *kill;
   o.precision = flags.text("--precision", "f32");
   GRADSYNC_CHECK(o.precision == "f32" || o.precision == "bf16" || o.precision == "fp16", "--precision ", o.precision,
                  ": expected f32, bf16 or fp16");
@@ -445,18 +126,13 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
   t->data = load_dataset(options.data, options.input_scale);
   t->split = split_dataset(t->data, options.holdout, options.seed, options.shuffle);
   // The checkpoint to resume from: --resume, else the latest of --checkpoint-dir (restarts).
-  std::string resume = options.resume;
-  if (resume.empty() && !options.checkpoint_dir.empty()) resume = latest_checkpoint(options.checkpoint_dir);
+  const std::string resume = resume_point(options.restarts, options.resume);
   // The global batch is split evenly over ranks and passes. A resumed run keeps the one it was
   // trained with, whatever the number of ranks now (it must split evenly over them); a --batch
   // that does not split is an error; the default is rounded down to one that does, saying so,
   // so that the trainers run on any number of ranks as they are.
   const std::int64_t unit = world * options.passes;
-  std::int64_t resumed_batch = 0;
-  if (!resume.empty()) {
-    const io::Metadata metadata = io::SafetensorsReader(resume).metadata();
-    if (metadata.contains("global_batch")) resumed_batch = std::stoll(metadata.at("global_batch"));
-  }
+  const std::int64_t resumed_batch = resume.empty() ? 0 : checkpoint_global_batch(resume);
   GRADSYNC_CHECK(resumed_batch == 0 || !options.batch_given || options.batch == resumed_batch, "--batch ", options.batch,
                  ": ", resume, " was trained with a global batch of ", resumed_batch, ", which a resumed run keeps");
   GRADSYNC_CHECK(resumed_batch == 0 || resumed_batch % unit == 0, resume, " was trained with a global batch of ",
@@ -516,6 +192,24 @@ void Training::finish_step(const TrainerOptions& options, const std::function<do
   }
 }
 
+namespace {
+
+// What a checkpoint holds for the optimizer: the trainer's own (ZeRO's consolidated state, a
+// collective), else the optimizer's state.
+OptimizerCheckpoint optimizer_checkpoint_of(Training& t) {
+  if (t.optimizer_checkpoint) return t.optimizer_checkpoint();
+  return OptimizerCheckpoint{t.optimizer->state_tensors(), t.optimizer->state_metadata()};
+}
+
+// A checkpoint into the restarts folder: every rank takes part (ZeRO gathers the optimizer state
+// and, at stage 3, the model), then checkpoints.h writes it.
+void checkpoint_into_folder(Training& t, const RestartOptions& restarts) {
+  if (t.gather_model) t.gather_model();
+  examples::checkpoint_into_folder(restarts, *t.comm, t.registry, optimizer_checkpoint_of(t), t.progress, t.scaler.get());
+}
+
+}  // namespace
+
 std::int64_t steps_this_epoch(const TrainerOptions& options, std::int64_t steps_per_epoch, int rank, int world) {
   if (!options.uneven) return steps_per_epoch;
   return std::max<std::int64_t>(1, steps_per_epoch * (2 * world - rank) / (2 * world));
@@ -558,18 +252,8 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
           std::printf("step %lld: %s\n", static_cast<long long>(t.progress.global_step), report.line().c_str());
         }
       }
-      if (options.checkpoint_every > 0 && t.progress.global_step % options.checkpoint_every == 0) {
-        checkpoint_into_folder(t, options);
-      }
-      if (rank == options.kill_rank && t.progress.global_step == options.kill_step) {
-        const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-        if (attempt == nullptr || std::string(attempt) == "0") {
-          std::fprintf(stderr, "%s: rank %d kills itself after step %lld (--kill-rank)\n", name.c_str(), rank,
-                       static_cast<long long>(t.progress.global_step));
-          std::fflush(stderr);
-          std::raise(SIGKILL);
-        }
-      }
+      if (checkpoint_due(options.restarts, t.progress.global_step)) checkpoint_into_folder(t, options.restarts);
+      kill_if_asked(options.restarts, rank, t.progress.global_step, name);
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
         break;
@@ -606,7 +290,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   }
   if (t.gather_model && (options.check_replicas || !options.save.empty())) t.gather_model();
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
-  if (!options.checkpoint_dir.empty()) checkpoint_into_folder(t, options);
+  if (!options.restarts.checkpoint_dir.empty()) checkpoint_into_folder(t, options.restarts);
   if (!options.save.empty()) {
     // Every rank takes part (ZeRO gathers the pieces of the optimizer state); rank 0 writes.
     const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);

@@ -1,81 +1,32 @@
-// What the example trainers share, so each trainer file shows only its training loop:
-// command-line flags, the data set (safetensors: images f32 [N, D], labels i64 [N]), the
-// held-out split and per-rank shards, the MLP, optimizers by name, checkpoints (weights and
-// optimizer state, with the training progress) and the metrics file.
+// What the example trainers share, so each trainer file shows only its training loop. The parts,
+// one idea each, in examples/common/:
+//   flags.h        the command line
+//   ranks.h        connecting the ranks (the communicator, this rank's device), the replicas' check
+//   data.h         the digits data by global sample index (the split, each epoch's order, batches)
+//   checkpoints.h  the checkpoint file, and restarts: the folder, `latest`, automatic resume
+//   metrics.h      the metrics file
+// and here: the digits MLP with its optimizer, and the training run the digits-style trainers
+// (digits_ddp, horovod_style) share: their flags, the setup before the first step, the epochs.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "gradsync/comm/communicator.h"
-#include "gradsync/comm/flight_recorder.h"
+#include "checkpoints.h"
+#include "data.h"
+#include "flags.h"
+#include "metrics.h"
+#include "ranks.h"
 #include "gradsync/dist/sync_strategy.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"
 
 namespace gradsync::examples {
-
-// --name value and --switch flags. Reading a flag marks it known; finish() rejects the rest.
-class Flags {
- public:
-  Flags(int argc, char** argv);
-  std::string text(const std::string& name, const std::string& fallback);
-  std::int64_t integer(const std::string& name, std::int64_t fallback);
-  double number(const std::string& name, double fallback);
-  bool flag(const std::string& name);  // a switch without value
-  bool given(const std::string& name) const;  // on the command line (not its fallback)
-  void finish() const;                 // throws naming unknown flags
-
- private:
-  std::map<std::string, std::string> values_;
-  std::set<std::string> switches_;
-  std::set<std::string> known_;
-};
-
-struct Dataset {
-  Tensor images;  // f32 [count, features], scaled
-  Tensor labels;  // i64 [count]
-  std::int64_t count = 0;
-  std::int64_t features = 0;
-  std::int64_t classes = 0;
-};
-
-// The digits file shipped in examples/data.
-std::string default_data_path();
-// Reads a data set; images are multiplied by `input_scale`.
-Dataset load_dataset(const std::string& path, double input_scale);
-
-// Held-out split: the last `holdout` fraction of a seeded permutation (or of the file order
-// when shuffle is off). The same on every rank.
-struct Split {
-  std::vector<std::int64_t> train;
-  std::vector<std::int64_t> heldout;
-};
-Split split_dataset(const Dataset& data, double holdout, std::uint64_t seed, bool shuffle);
-
-// The rows rank r reads in one epoch, in order. The epoch is one seeded permutation of the whole
-// training set, cut into global batches of `local_batch` x `world` samples by global sample
-// index; rank r reads slice r of each. So the samples of step s do not depend on the number of
-// ranks, and a run resumed on another world size (the same global batch) reads, from the step it
-// resumes at, exactly the samples the interrupted run would have.
-std::vector<std::int64_t> epoch_order(const std::vector<std::int64_t>& train, std::uint64_t seed, int epoch, int rank,
-                                      int world, std::int64_t local_batch, bool shuffle);
-
-// The rows order[begin, end) as a batch on `device`.
-struct Batch {
-  Tensor images;
-  Tensor labels;  // on the host (the loss reads them there)
-};
-Batch gather(const Dataset& data, const std::vector<std::int64_t>& order, std::int64_t begin, std::int64_t end,
-             Device device);
 
 // features -> hidden -> ReLU -> classes, layers "fc1" and "fc2", PyTorch's initialization,
 // parameters (and gradients) of `dtype`: f32, or bf16/f16 for mixed precision.
@@ -92,58 +43,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, Parame
 // Accuracy of the model on the held-out rows (local: every rank holds the same weights).
 double evaluate(nn::Module& model, const Dataset& data, const std::vector<std::int64_t>& rows, Device device);
 
-// Checkpoints: one safetensors file holding the weights (under their parameter names, so
-// PyTorch's safetensors loader reads them directly), the optimizer state
-// ("optimizer.state.<param>.<buffer>") and, in the metadata, the optimizer's groups and steps
-// and the training progress. One file written atomically: a save that fails leaves the previous
-// checkpoint whole, weights and optimizer state together.
-struct Progress {
-  int epoch = 0;             // the epoch to run next
-  std::int64_t step_in_epoch = 0;
-  std::int64_t global_step = 0;
-  std::int64_t global_batch = 0;  // what the run trains with; a resumed run keeps it
-};
-// With fp16, the loss scaler's state rides along in the metadata.
-// The optimizer's part of a checkpoint: its state tensors and metadata (an unsharded
-// optimizer's own; with ZeRO, the consolidated state every rank's pieces make).
-struct OptimizerCheckpoint {
-  std::vector<io::NamedTensor> tensors;
-  io::Metadata metadata;
-};
-void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
-                     const Progress& progress, const optim::GradScaler* scaler = nullptr);
-Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
-                         optim::GradScaler* scaler = nullptr);
-// The checkpoint a folder's `latest` names; empty when the folder has none yet.
-std::string latest_checkpoint(const std::string& folder);
-
-// One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
-// the path is empty; only rank 0 writes.
-class Metrics {
- public:
-  Metrics(const std::string& path, bool writer);
-  ~Metrics();
-  // grad_norm: the total gradient norm before clipping, written when it is a number.
-  void step(std::int64_t step, int epoch, double loss, double grad_norm,
-            const std::vector<std::pair<const char*, double>>& extra = {});  // more "name": value fields
-  void epoch(std::int64_t step, int epoch, double loss, double accuracy);
-  void stragglers(std::int64_t step, const comm::StragglerReport& report);
-
- private:
-  std::FILE* file_ = nullptr;
-};
-
 // ---- The training run every trainer shares ----------------------------------------------------
 
-// The ranks of the job and this rank's device: `device` as --device names it (any_gpu: plain
-// "cuda", which means the GPU of this rank's local rank); NCCL picks its own.
-struct Ranks {
-  std::unique_ptr<comm::Communicator> comm;
-  Device device;
-};
-Ranks connect_ranks(const std::string& backend, Device device, bool any_gpu);
-
-// The flags common to the trainers (each adds its own before calling finish()).
 struct TrainerOptions {
   std::string backend, optimizer, data, init, save, resume, metrics;
   bool device_is_any_gpu = false;  // --device cuda (no index): the local rank's GPU
@@ -161,13 +62,7 @@ struct TrainerOptions {
   int delay_rank = -1;          // --delay-rank R:MS: slow rank R by MS per step (to see --stragglers name it)
   int delay_ms = 0;
   bool uneven = false;  // --uneven: rank r trains on (2W - r) / 2W of its shard each epoch, then joins
-  // Restarts (torchrun --max-restarts): every N steps a checkpoint in the folder, named by its
-  // step, then the folder's `latest` pointer renamed into place; a run with the folder resumes
-  // from `latest` by itself.
-  std::string checkpoint_dir;
-  std::int64_t checkpoint_every = 0;
-  int kill_rank = -1;  // --kill-rank R:STEP: rank R SIGKILLs itself after step STEP, first attempt only
-  std::int64_t kill_step = 0;
+  RestartOptions restarts;  // --checkpoint-dir, --checkpoint-every, --kill-rank (checkpoints.h)
 };
 // `passes_flag` names the flag that splits a rank's batch ("--microbatches", "--backward-passes-per-step").
 TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_flag);
@@ -230,9 +125,5 @@ int run_training(Training& training, const TrainerOptions& options, const std::s
 // --sync-strategy: single | multi | forced | auto (or the full names); empty: Composer's trainer
 // default (MULTI with find_unused_parameters, else SINGLE).
 dist::DDPSyncStrategy sync_strategy_from(const std::string& text, bool find_unused);
-
-// Every rank holds bit-identical weights (an allgather of a checksum of the bits); throws
-// naming the first rank that differs.
-void require_identical_replicas(comm::Communicator& comm, const ParameterRegistry& registry);
 
 }  // namespace gradsync::examples

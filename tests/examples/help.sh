@@ -19,7 +19,7 @@ for program in "$@"; do
   out=$("$program" --no-such-flag 2>&1) && { echo "FAIL $(basename "$program"): an unknown flag ran"; status=1; }
   grep -q -- "--no-such-flag" <<<"$out" || { echo "FAIL $(basename "$program"): the error does not name the flag: $out"; status=1; }
 done
-for script in "$source"/scripts/{gpu_check,launch,make_gpu_bundle,run,sanitize,setup,test}.sh \
+for script in "$source"/scripts/{docs,gpu_check,launch,make_gpu_bundle,plot_metrics,run,sanitize,setup,test}.sh \
               "$source"/benchmarks/compare_{collectives,ddp,zero}.sh; do
   check "$(basename "$script")" bash "$script"
 done

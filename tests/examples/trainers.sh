@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_cuda.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_restart gpt_cuda.
 # GRADSYNC_EXAMPLES and GRADSYNC_COMPARE point at the trainers and compare_checkpoints elsewhere
 # (scripts/gpu_check.sh: the GPU bundle's).
 set -euo pipefail
@@ -294,5 +294,42 @@ PY
     fi
     grep -q "global batch of 48, which does not split evenly into 5 ranks" "$scratch/refused"
     echo "resumed on 2 and 3 ranks at ZeRO stages 0-2: consolidated state equal, training went on" ;;
+  gpt_restart)  # gpt_ddp's automatic resume (the digits trainers' code, examples/common/checkpoints.h): a run
+                # whose rank 1 SIGKILLs itself after step 13, started again with the same command, resumes from
+                # the folder's latest checkpoint (step 10) and ends byte for byte as an uninterrupted run, at
+                # ZeRO 0, 1 and 3 (stage 3 gathers the model for each checkpoint and releases it again)
+    for zero in 0 1 3; do
+      rm -rf "$scratch/straight" "$scratch/restarted"
+      "${mpirun[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --zero $zero \
+        --checkpoint-dir "$scratch/straight" --checkpoint-every 5 --save "$scratch/straight.safetensors"
+      if "${mpirun[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --zero $zero \
+          --checkpoint-dir "$scratch/restarted" --checkpoint-every 5 --kill-rank 1:13 \
+          --save "$scratch/restarted.safetensors" > "$scratch/killed" 2>&1; then
+        echo "the run with --kill-rank 1:13 was not killed"; cat "$scratch/killed"; exit 1
+      fi
+      grep -q "rank 1 kills itself after step 13" "$scratch/killed"
+      [[ $(cat "$scratch/restarted/latest") == step_10.safetensors ]]
+      # (gpt_args without its last word, --quiet: the resumed run says where it resumed from)
+      "${mpirun[@]}" "$examples/gpt_ddp" "${gpt_args[@]:0:${#gpt_args[@]}-1}" --steps 20 --batch 2 --zero $zero \
+        --checkpoint-dir "$scratch/restarted" --checkpoint-every 5 --save "$scratch/restarted.safetensors" \
+        > "$scratch/resumed"
+      grep -q "resuming from $scratch/restarted/step_10.safetensors" "$scratch/resumed"
+      cmp "$scratch/straight.safetensors" "$scratch/restarted.safetensors"
+      cmp "$scratch/straight/step_20.safetensors" "$scratch/restarted/step_20.safetensors"
+    done
+    # The folder's global batch is the run's: resuming it with another --batch is refused, naming both.
+    if "${mpirun[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 1 --checkpoint-dir "$scratch/restarted" \
+         > "$scratch/refused" 2>&1; then
+      echo "resuming a global batch of 4 with --batch 1 on 2 ranks was not refused"; exit 1
+    fi
+    grep -q "trained with a global batch of 4 sequences; this run's is 2" "$scratch/refused"
+    # A --checkpoint-dir that is a file is refused before the first step.
+    touch "$scratch/a_file"
+    if "${mpirun[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 2 --checkpoint-dir "$scratch/a_file" \
+         > "$scratch/refused" 2>&1; then
+      echo "a --checkpoint-dir that is a file was not refused"; exit 1
+    fi
+    grep -q "checkpoint-dir $scratch/a_file is not a folder" "$scratch/refused"
+    echo "gpt_ddp killed at step 13 and started again resumed from step 10 and ended byte for byte (ZeRO 0, 1, 3)" ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac

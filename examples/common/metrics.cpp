@@ -1,0 +1,53 @@
+// The trainers' metrics file (metrics.h).
+#include "metrics.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "gradsync/core/error.h"
+
+namespace gradsync::examples {
+
+Metrics::Metrics(const std::string& path, bool writer) {
+  if (path.empty() || !writer) return;
+  // The folder it names is made, as a user who writes --metrics runs/today/metrics.jsonl means.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ignored;  // a failure shows as the fopen's below, naming the file
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  file_ = std::fopen(path.c_str(), "w");
+  GRADSYNC_CHECK(file_ != nullptr, "cannot write the metrics file ", path);
+}
+
+Metrics::~Metrics() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
+                   const std::vector<std::pair<const char*, double>>& extra) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f", static_cast<long long>(step), epoch, loss);
+  if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
+  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.6g", name, value);
+  std::fprintf(file_, "}\n");
+  std::fflush(file_);
+}
+
+void Metrics::stragglers(std::int64_t step, const comm::StragglerReport& report) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"stragglers\": {\"steps\": %lld, \"slowest\": %d, \"waited_ms_per_step\": %.3f, "
+               "\"max_waited_ms_per_step\": %.3f, \"wire_ms\": [", static_cast<long long>(step),
+               static_cast<long long>(report.steps), report.slowest, report.waited_ms_per_step,
+               report.worst_waited_ms_per_step);
+  for (std::size_t r = 0; r < report.wire_ms.size(); ++r) std::fprintf(file_, "%s%.3f", r ? ", " : "", report.wire_ms[r]);
+  std::fprintf(file_, "]}}\n");
+  std::fflush(file_);
+}
+
+void Metrics::epoch(std::int64_t step, int epoch, double loss, double accuracy) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.6f, \"accuracy\": %.6f}\n",
+               static_cast<long long>(step), epoch, loss, accuracy);
+  std::fflush(file_);
+}
+
+}  // namespace gradsync::examples

@@ -1,0 +1,30 @@
+// The trainers' metrics file (examples/common/): one JSON object per line, from rank 0.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradsync/comm/flight_recorder.h"
+
+namespace gradsync::examples {
+
+// One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
+// the path is empty; only rank 0 writes.
+class Metrics {
+ public:
+  Metrics(const std::string& path, bool writer);
+  ~Metrics();
+  // grad_norm: the total gradient norm before clipping, written when it is a number.
+  void step(std::int64_t step, int epoch, double loss, double grad_norm,
+            const std::vector<std::pair<const char*, double>>& extra = {});  // more "name": value fields
+  void epoch(std::int64_t step, int epoch, double loss, double accuracy);
+  void stragglers(std::int64_t step, const comm::StragglerReport& report);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace gradsync::examples
