@@ -11,9 +11,14 @@ comm::dump_flight_records (gradsync/comm/flight_recorder.h). For each communicat
     rank's operation is what the others run next, that it skipped one);
   * who is behind: the ranks that never issued the collective the others are waiting in, with
     their last operation and how long the others have waited;
-  * ranks with no dump (stopped, killed, or never configured), when the world size is known.
+  * ranks with no dump (stopped, killed, or never configured), when the world size is known;
+  * ranks that dumped while still connecting (no communicator yet), and where they waited.
 
-Exit status 0 (the report is the output); 2 when DIR holds no dump.
+A dump that cannot be trusted (unreadable, empty, truncated, not JSON, not a flight record, a
+rank that is negative or outside the world, two files claiming one rank) is named with why and
+left out; the report goes on with the others.
+
+Exit status 0 (the report is the output); 2 when DIR holds no usable dump.
 """
 import argparse
 import glob
@@ -22,13 +27,63 @@ import os
 import sys
 
 
-def load(folder):
-    dumps = {}
+FORMAT = "gradsync-flight-record/1"
+ENTRY_FIELDS = {"seq": int, "state": str, "what": str, "issued_us": int}
+RECORD_FIELDS = {"name": str, "size": int, "backend": str, "entries": list}
+
+
+def checked_dump(path, world):
+    """The dump in `path`, or the reason it cannot be trusted."""
+    if not os.path.isfile(path):
+        return None, "not a file"
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(64 << 20)
+        if not raw.strip():
+            return None, "empty"
+        dump = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not text (binary)"
+    except json.JSONDecodeError as error:
+        return None, f"not whole JSON ({error.msg} at byte {error.pos}: truncated?)"
+    except OSError as error:
+        return None, f"unreadable ({error.strerror})"
+    if not isinstance(dump, dict) or dump.get("format") != FORMAT:
+        return None, f"not a flight record (no \"format\": \"{FORMAT}\")"
+    rank = dump.get("rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0 or (world and rank >= world):
+        return None, f"its rank {rank!r} is not one of the job's" + (f" (0 to {world - 1})" if world else "")
+    if not isinstance(dump.get("dumped_us"), int) or not isinstance(dump.get("reason"), str):
+        return None, "no dumped_us or reason"
+    records = dump.get("communicators")
+    if not isinstance(records, list):
+        return None, "no list of communicators"
+    for record in records:
+        if not isinstance(record, dict) or any(not isinstance(record.get(k), t) for k, t in RECORD_FIELDS.items()):
+            return None, "a communicator without its name, size, backend or entries"
+        for entry in record["entries"]:
+            if not isinstance(entry, dict) or any(not isinstance(entry.get(k), t) for k, t in ENTRY_FIELDS.items()):
+                return None, f"an entry of communicator {record['name']} without its seq, state, what or issued_us"
+    return dump, None
+
+
+def load(folder, world):
+    """{rank: dump} of the trustworthy dumps, and a line for each one left out."""
+    found, problems = {}, []
     for path in sorted(glob.glob(os.path.join(folder, "rank*.json"))):
-        with open(path, encoding="utf-8") as file:
-            dump = json.load(file)
-        dumps[int(dump["rank"])] = dump
-    return dumps
+        dump, why = checked_dump(path, world)
+        if why:
+            problems.append(f"{os.path.basename(path)}: left out: {why}")
+            continue
+        found.setdefault(dump["rank"], []).append((os.path.basename(path), dump))
+    dumps = {}
+    for rank, claims in sorted(found.items()):
+        if len(claims) > 1:
+            names = " and ".join(name for name, _ in claims)
+            problems.append(f"{names} all claim rank {rank}: left out (which one is rank {rank}'s cannot be told)")
+        else:
+            dumps[rank] = claims[0][1]
+    return dumps, problems
 
 
 def signature(entry):
@@ -48,6 +103,10 @@ def ranks_text(ranks):
 
 def run_verb(ranks):
     return "runs" if len(ranks) == 1 else "run"
+
+
+def wait_verb(ranks):
+    return "waits" if len(ranks) == 1 else "wait"
 
 
 def seconds(later_us, earlier_us):
@@ -108,7 +167,7 @@ def report_communicator(name, views, world, dumps):
         target = min(waited, key=lambda e: e["seq"]) if waited else None
         if target is not None:
             dumped = max(views[r][1]["dumped_us"] for r in ahead)
-            lines.append(f"  {ranks_text(ahead)} wait in {describe(target)} "
+            lines.append(f"  {ranks_text(ahead)} {wait_verb(ahead)} in {describe(target)} "
                          f"(issued {seconds(dumped, target['issued_us'])} before their dump), "
                          f"which {ranks_text(behind)} never issued")
         for rank in behind:
@@ -124,7 +183,7 @@ def report_communicator(name, views, world, dumps):
         # Everyone issued the same collectives; name where they are stuck.
         seq = min(e["seq"] for e in open_ops.values())
         stuck = sorted(r for r, e in open_ops.items() if e["seq"] == seq)
-        lines.append(f"  {ranks_text(stuck)} wait in {describe(open_ops[stuck[0]])}; every dumped rank issued it")
+        lines.append(f"  {ranks_text(stuck)} {wait_verb(stuck)} in {describe(open_ops[stuck[0]])}; every dumped rank issued it")
 
     if world:
         missing = sorted(set(range(world)) - set(dumps))
@@ -146,13 +205,20 @@ def main():
     parser.add_argument("folder")
     parser.add_argument("--world", type=int, default=0, help="the job's world size, to name ranks without a dump")
     args = parser.parse_args()
-    dumps = load(args.folder)
+    if not os.path.isdir(args.folder):
+        print(f"{args.folder} is not a folder of flight records")
+        return 2
+    dumps, problems = load(args.folder, args.world)
+    for line in problems:
+        print(line)
     if not dumps:
-        print(f"no flight records (rank*.json) in {args.folder}")
+        print(f"no usable flight records (rank*.json) in {args.folder}")
         return 2
     world = args.world
     by_name = {}
     for rank, dump in dumps.items():
+        if not dump["communicators"] and dump.get("connecting"):
+            print(f"rank {rank} has no communicator yet: it waits at {dump['connecting']} (dumped for: {dump['reason']})")
         for record in dump["communicators"]:
             by_name.setdefault(record["name"], {})[rank] = (record, dump)
             world = max(world, record["size"]) if not args.world else world

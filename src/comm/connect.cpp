@@ -11,6 +11,7 @@
 #include "gradsync/comm/nccl.h"
 #include "gradsync/config.h"
 #include "core/environment.h"
+#include "flight_recorder.h"
 
 namespace gradsync::comm {
 
@@ -20,6 +21,11 @@ namespace {
 // rendezvous the environment describes.
 std::unique_ptr<Communicator> gloo_from_environment(const CommOptions& options) {
   const LaunchEnvironment launch = launch_from_environment();
+  // Waiting for late peers is exactly when an operator asks for a dump (SIGUSR1): the rank
+  // answers it from here on, not only once it has a communicator.
+  const ConnectingScope connecting(launch.rank, launch.store_dir.empty()
+                                                    ? "the rendezvous at " + launch.host + ":" + std::to_string(launch.port)
+                                                    : "the rendezvous in " + launch.store_dir);
   if (!launch.store_dir.empty() && launch.size > 1) {
     return gloo_file_store(launch.store_dir, launch.rank, launch.size, options);
   }

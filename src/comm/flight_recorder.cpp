@@ -35,6 +35,10 @@ struct Registry {
   std::mutex mutex;
   std::vector<std::weak_ptr<FlightRecorder>> recorders;
   std::map<int, int> worlds;  // per rank: top-level communicators made so far
+  // This process's rank while it connects and has no communicator yet (-1: none), and where
+  // it waits: what a SIGUSR1 dump says then instead of nothing.
+  int connecting_rank = -1;
+  std::string connecting_where;
 };
 Registry& registry() {
   static Registry* const instance = new Registry;
@@ -251,14 +255,25 @@ std::vector<std::filesystem::path> dump_rank_records(const std::filesystem::path
   for (const auto& recorder : flight_recorders(rank)) {
     if (recorder->enabled()) by_rank[recorder->rank()].push_back(recorder->to_json());
   }
+  std::string connecting;  // a rank still at the rendezvous has no communicator to dump
+  {
+    Registry& all = registry();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    if (all.connecting_rank >= 0 && (rank < 0 || rank == all.connecting_rank) && !by_rank.count(all.connecting_rank)) {
+      by_rank[all.connecting_rank] = json::array();
+      connecting = all.connecting_where;
+    }
+  }
   std::filesystem::create_directories(folder);
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   std::vector<std::filesystem::path> files;
   for (auto& [dumped_rank, communicators] : by_rank) {
-    const json dump = {{"format", "gradsync-flight-record/1"}, {"rank", dumped_rank}, {"host", host},
+    const bool waiting = communicators.empty() && !connecting.empty();
+    json dump = {{"format", "gradsync-flight-record/1"}, {"rank", dumped_rank}, {"host", host},
                        {"pid", ::getpid()},                     {"reason", reason.substr(0, 1000)},
                        {"dumped_us", wall_microseconds()},      {"communicators", std::move(communicators)}};
+    if (waiting) dump["connecting"] = connecting;
     const std::filesystem::path path = folder / ("rank" + std::to_string(dumped_rank) + ".json");
     // Written beside and renamed over: a reader never sees half a dump.
     const std::filesystem::path temporary =
@@ -272,6 +287,21 @@ std::vector<std::filesystem::path> dump_rank_records(const std::filesystem::path
     files.push_back(path);
   }
   return files;
+}
+
+ConnectingScope::ConnectingScope(int rank, std::string where) {
+  if (environment::flight_recorder_dir()) install_sigusr1();
+  Registry& all = registry();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.connecting_rank = rank;
+  all.connecting_where = std::move(where);
+}
+
+ConnectingScope::~ConnectingScope() {
+  Registry& all = registry();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.connecting_rank = -1;
+  all.connecting_where.clear();
 }
 
 std::vector<std::filesystem::path> dump_flight_records(const std::filesystem::path& folder, const std::string& reason) {

@@ -79,6 +79,17 @@ class FlightRecorder {
   std::string broken_;
 };
 
+// While it lives, this process is rank `rank` connecting (at the rendezvous, `where`) with no
+// communicator yet: SIGUSR1 is handled already (with GRADSYNC_FLIGHT_RECORDER_DIR), and its dump
+// is a record with no communicators that says where the rank waits, instead of a killed process.
+class ConnectingScope {
+ public:
+  ConnectingScope(int rank, std::string where);
+  ~ConnectingScope();
+  ConnectingScope(const ConnectingScope&) = delete;
+  ConnectingScope& operator=(const ConnectingScope&) = delete;
+};
+
 // Every live recorder of `rank` (-1: of every rank), in creation order.
 std::vector<std::shared_ptr<FlightRecorder>> flight_recorders(int rank);
 

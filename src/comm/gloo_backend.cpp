@@ -113,13 +113,13 @@ class GlooBackend final : public Backend {
   void send(const void* data, std::size_t nbytes, int peer, int tag) override {
     auto buffer = context_->createUnboundBuffer(const_cast<void*>(data), nbytes);
     buffer->send(peer, kP2PSlotBase + static_cast<std::uint64_t>(tag));
-    await(*buffer, /*receive=*/false, "gloo send to rank " + std::to_string(peer));
+    await(*buffer, /*receive=*/false, "gloo send to " + rank_name(peer));
   }
 
   void recv(void* data, std::size_t nbytes, int peer, int tag) override {
     auto buffer = context_->createUnboundBuffer(data, nbytes);
     buffer->recv(peer, kP2PSlotBase + static_cast<std::uint64_t>(tag));
-    await(*buffer, /*receive=*/true, "gloo recv from rank " + std::to_string(peer));
+    await(*buffer, /*receive=*/true, "gloo recv from " + rank_name(peer));
   }
 
   // A new context over the same store under a fresh prefix: every rank duplicates in the same
@@ -194,10 +194,14 @@ class GlooBackend final : public Backend {
     bool done = false;
     try {
       done = receive ? buffer.waitRecv(timeout_) : buffer.waitSend(timeout_);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(abort_mutex_);
-      waiting_ = nullptr;
-      throw;
+    } catch (const std::exception& error) {
+      {
+        std::lock_guard<std::mutex> lock(abort_mutex_);
+        waiting_ = nullptr;
+      }
+      // Gloo's own words ("Timed out waiting 15000ms for recv operation to complete") do not
+      // say whom it waited for; `what` does.
+      detail::throw_error(what, ": ", error.what());
     }
     std::lock_guard<std::mutex> lock(abort_mutex_);
     waiting_ = nullptr;

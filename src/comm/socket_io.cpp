@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -48,16 +49,36 @@ int connect_tcp(const std::string& host, int port, std::chrono::milliseconds tim
   return connected;
 }
 
-bool read_exact(int fd, void* data, std::size_t n) {
+bool read_exact(int fd, void* data, std::size_t n, std::chrono::steady_clock::time_point deadline) {
   auto* bytes = static_cast<char*>(data);
   while (n > 0) {
-    const ssize_t got = ::recv(fd, bytes, n, 0);
-    if (got < 0 && errno == EINTR) continue;
+    // Wait for bytes only as long as the whole read has left.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !readable_within(fd, left)) return false;
+    const ssize_t got = ::recv(fd, bytes, n, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) return false;
     bytes += got;
     n -= static_cast<std::size_t>(got);
   }
   return true;
+}
+
+bool read_value(int fd, std::vector<char>& value, std::size_t length, std::chrono::steady_clock::time_point deadline) {
+  constexpr std::size_t kStep = std::size_t{1} << 20;
+  value.clear();
+  std::size_t have = 0;
+  while (have < length) {
+    if (value.size() == have) value.resize(have + std::min(kStep, length - have));  // room for the next MiB
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !readable_within(fd, left)) break;
+    const ssize_t got = ::recv(fd, value.data() + have, value.size() - have, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (got <= 0) break;
+    have += static_cast<std::size_t>(got);
+  }
+  value.resize(have);  // on a failure, what did arrive
+  return have == length;
 }
 
 bool write_exact(int fd, const void* data, std::size_t n) {

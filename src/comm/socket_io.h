@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "gradsync/core/error.h"
 
@@ -25,8 +26,13 @@ class StoreGone : public Error {
 // request instead of hanging it.
 int connect_tcp(const std::string& host, int port, std::chrono::milliseconds timeout, std::string& error, bool& refused);
 
-// Exactly n bytes; false on end of stream, an error or the socket's timeout.
-bool read_exact(int fd, void* data, std::size_t n);
+// Exactly n bytes by `deadline`: the whole read, not each recv(), so that a peer sending one
+// byte at a time still runs out of time. False on end of stream, an error or the deadline.
+bool read_exact(int fd, void* data, std::size_t n, std::chrono::steady_clock::time_point deadline);
+// A value of `length` bytes by `deadline`, into `value`, which grows only as the bytes arrive
+// (1 MiB at a time): a length a lying peer claims costs the memory of what it sends, not of the
+// claim. False as read_exact, with `value` holding what did arrive.
+bool read_value(int fd, std::vector<char>& value, std::size_t length, std::chrono::steady_clock::time_point deadline);
 bool write_exact(int fd, const void* data, std::size_t n);
 
 // Whether `fd` has something to read within `timeout` (poll); false when the time ran out.

@@ -4,8 +4,9 @@
 // Every request is a fixed 9-byte header and a payload, little-endian:
 //   op (1 byte) | key length (u32) | value length (u32) | key | value
 // with op 'H' (hello: key = kHelloKey, value = the job's token), 'S' (set key = value) or 'G'
-// (get key; no value). Responses: hello and set, one byte 1; get, found (1 byte), and when found
-// the value length (u32) and the value.
+// (get key; no value). Responses: hello, one byte 1 (0: not this job's token); set, one byte 1
+// (2: refused, the store holds all it may); get, found (1 byte), and when found the value length
+// (u32) and the value.
 //
 // The lengths are checked against small caps *before* a byte of payload is buffered: a key of at
 // most kMaxKeyBytes, a value of at most kMaxValueBytes, and, before a connection has presented
@@ -25,6 +26,9 @@ constexpr std::size_t kMaxKeyBytes = 4096;
 constexpr std::size_t kMaxValueBytes = std::size_t{1} << 20;  // Gloo's addresses: tens of KiB at 1024 ranks
 constexpr std::size_t kMaxHelloBytes = 512;
 constexpr std::string_view kHelloKey = "gradsync-store/2";
+// What one stored entry counts beyond its key and value bytes (the map's node), against the
+// store's bound on what it holds (TcpStoreServerOptions::max_stored_bytes).
+constexpr std::size_t kEntryOverhead = 96;
 
 enum Op : char { kHello = 'H', kSet = 'S', kGet = 'G' };
 

@@ -47,9 +47,13 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
   GRADSYNC_CHECK(port > 0 && port < 65536, "tcp store: MASTER_PORT ", port, " is not a TCP port");
   if (serve) {
     TcpStoreServerOptions options;
-    options.bind_host = environment::store_bind().value_or(host);
+    const std::optional<std::string> bind = environment::store_bind();
+    options.bind_host = bind.value_or(host);
+    options.bind_required = bind.has_value();
     options.port = port;
     options.token = token_;
+    options.secret_token = environment::store_token().has_value();
+    options.max_stored_bytes = environment::store_max_bytes();
     server_ = start_tcp_store_server(options);
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -82,7 +86,10 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
     if (socket_ >= 0) {
       const std::string hello = store::encode_request(store::kHello, store::kHelloKey, token_);
       char ack = 2;
-      if (write_exact(socket_, hello.data(), hello.size()) && read_exact(socket_, &ack, 1) && ack == 1) return;
+      if (write_exact(socket_, hello.data(), hello.size()) && read_exact(socket_, &ack, 1, Clock::now() + timeout_) &&
+          ack == 1) {
+        return;
+      }
       ::close(socket_);
       socket_ = -1;
       if (ack == 0) {
@@ -101,19 +108,19 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
 bool TcpStore::exchange(const std::string& request, char& status, std::vector<char>* value) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (attempt > 0) connect_until(Clock::now() + timeout_, /*reconnecting=*/true);
-    bool ok = socket_ >= 0 && write_exact(socket_, request.data(), request.size()) && read_exact(socket_, &status, 1);
+    // The whole reply by one deadline: a server trickling bytes cannot hold a rank past it.
+    const auto deadline = Clock::now() + timeout_;
+    bool ok = socket_ >= 0 && write_exact(socket_, request.data(), request.size()) &&
+              read_exact(socket_, &status, 1, deadline);
     if (ok && value != nullptr && status == 1) {
       unsigned char length_bytes[4];
-      ok = read_exact(socket_, length_bytes, 4);
+      ok = read_exact(socket_, length_bytes, 4, deadline);
       const std::uint32_t length = static_cast<std::uint32_t>(length_bytes[0]) |
                                    static_cast<std::uint32_t>(length_bytes[1]) << 8 |
                                    static_cast<std::uint32_t>(length_bytes[2]) << 16 |
                                    static_cast<std::uint32_t>(length_bytes[3]) << 24;
       ok = ok && length <= store::kMaxValueBytes;
-      if (ok) {
-        value->resize(length);
-        ok = read_exact(socket_, value->data(), length);
-      }
+      ok = ok && read_value(socket_, *value, length, deadline);
     }
     if (ok) return true;
   }
@@ -128,6 +135,10 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   char status = 0;
   const bool ok = exchange(store::encode_request(store::kSet, key, std::string_view(data.data(), data.size())), status,
                            nullptr);
+  if (ok && status == 2) {
+    detail::throw_error("tcp store at ", endpoint_, ": set('", key, "') of ", data.size(), " bytes refused: the store ",
+                        "holds all it may (GRADSYNC_STORE_MAX_MB, default 256)");
+  }
   if (!ok || status != 1) throw StoreGone("tcp store at " + endpoint_ + ": set('" + key + "') failed: the store (rank 0) is gone");
 }
 
@@ -163,6 +174,8 @@ std::vector<char> TcpStore::get(const std::string& key) {
 std::string store_token(const std::string& host, int port, int size) {
   std::string material;
   if (const auto explicit_token = environment::store_token()) {
+    GRADSYNC_CHECK(!explicit_token->empty(), "GRADSYNC_STORE_TOKEN is set but empty: give every rank the same ",
+                   "secret, or unset it (a token derived from the launch is then used, which is no secret)");
     material = "explicit:" + *explicit_token;
   } else {
     for (const char* name : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid",

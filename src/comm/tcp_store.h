@@ -32,6 +32,16 @@ class TcpStoreServer;
 
 struct TcpStoreServerOptions {
   std::string bind_host = "127.0.0.1";  // an address of this machine, or "" for every interface
+  // bind_host was asked for by name (GRADSYNC_STORE_BIND): an address this machine cannot listen
+  // on is an error, never a fallback to every interface.
+  bool bind_required = false;
+  // Whether `token` is a secret (GRADSYNC_STORE_TOKEN) rather than derived from what the launch
+  // shows (job ids, the address): a derived one on an address beyond this machine is warned about.
+  bool secret_token = true;
+  // Every key and value stored, together (each entry also counts kEntryOverhead): a set past it
+  // is refused with "full", whoever sends it, so the store's memory is bounded for token holders
+  // too. GRADSYNC_STORE_MAX_MB.
+  std::size_t max_stored_bytes = std::size_t{256} << 20;
   int port = 0;                         // 0: any free port (see port())
   std::string token{};                  // what clients must present
   int max_connections = 256;            // authenticated and not, together
@@ -49,6 +59,8 @@ struct TcpStoreServerCounters {
   std::int64_t refused_full = 0;  // over max_connections or max_unauthenticated
   std::int64_t malformed = 0;
   std::int64_t timed_out = 0;
+  std::int64_t refused_full_store = 0;  // sets refused at max_stored_bytes
+  std::int64_t stored_bytes = 0;        // what the stored keys and values count now
   std::int64_t open = 0;  // connections open now
 };
 

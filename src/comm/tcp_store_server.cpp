@@ -93,6 +93,10 @@ class TcpStoreServer {
         if (!bind_to(candidate->ai_addr, candidate->ai_addrlen, candidate->ai_family, failure)) continue;
       }
       if (found != nullptr) ::freeaddrinfo(found);
+      if (listener_ < 0 && options_.bind_required) {
+        detail::throw_error("tcp store: cannot listen on GRADSYNC_STORE_BIND=", host, " port ", options_.port, ": ",
+                            failure, " (an address of this machine, or * for every interface)");
+      }
       if (listener_ < 0 && failure.find("Address already in use") != std::string::npos) {
         detail::throw_error("tcp store: cannot listen on ", host, ":", options_.port, " (MASTER_PORT): ", failure,
                             "; is another job using it?");
@@ -119,6 +123,20 @@ class TcpStoreServer {
     ::getsockname(listener_, reinterpret_cast<sockaddr*>(&bound), &length);
     port_ = bound.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
                                        : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+    if (!options_.secret_token && !loopback(bound)) {
+      warn("the rendezvous store listens beyond this machine (port " + std::to_string(port_) + ") with a token " +
+           "derived from what the launch shows (its job id and MASTER_ADDR:MASTER_PORT), which whoever can reach " +
+           "the port may compute: set GRADSYNC_STORE_TOKEN to a secret shared by the ranks (docs/communication.md)");
+    }
+  }
+
+  static bool loopback(const sockaddr_storage& address) {
+    if (address.ss_family == AF_INET) {
+      return (ntohl(reinterpret_cast<const sockaddr_in*>(&address)->sin_addr.s_addr) >> 24) == 127;
+    }
+    const in6_addr& six = reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&six)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&six) && six.s6_addr[12] == 127;
   }
 
   bool bind_to(const sockaddr* address, socklen_t length, int family, std::string& failure) {
@@ -239,8 +257,7 @@ class TcpStoreServer {
         connection.authenticated = true;
         connection.out.push_back(1);
       } else if (request.op == store::kSet) {
-        data_[request.key] = request.value;
-        connection.out.push_back(1);
+        connection.out.push_back(store_value(connection, request) ? 1 : 2);
       } else {
         const auto found = data_.find(request.key);
         connection.out.push_back(found != data_.end() ? 1 : 0);
@@ -252,6 +269,29 @@ class TcpStoreServer {
       }
       if (std::string why = send_pending(connection); !why.empty()) return why;
     }
+  }
+
+  // Stores a set's value unless the store would then hold more than max_stored_bytes (an entry
+  // counts its key, its value and kEntryOverhead): whoever sends it, token or not.
+  bool store_value(const Connection& connection, const store::Request& request) {
+    const auto existing = data_.find(request.key);
+    const std::size_t freed = existing == data_.end() ? 0 : entry_bytes(existing->first, existing->second);
+    const std::size_t added = entry_bytes(request.key, request.value);
+    if (stored_bytes_ - freed + added > options_.max_stored_bytes) {
+      log("refused a set of " + std::to_string(request.value.size()) + " bytes from " + connection.peer +
+          ": the store holds " + std::to_string(stored_bytes_) + " of its " + std::to_string(options_.max_stored_bytes) +
+          " bytes (GRADSYNC_STORE_MAX_MB)");
+      count([](TcpStoreServerCounters& c) { ++c.refused_full_store; });
+      return false;
+    }
+    data_[request.key] = request.value;
+    stored_bytes_ = stored_bytes_ - freed + added;
+    count([this](TcpStoreServerCounters& c) { c.stored_bytes = static_cast<std::int64_t>(stored_bytes_); });
+    return true;
+  }
+
+  static std::size_t entry_bytes(const std::string& key, const std::string& value) {
+    return key.size() + value.size() + store::kEntryOverhead;
   }
 
   std::string send_pending(Connection& connection) {
@@ -318,6 +358,7 @@ class TcpStoreServer {
   std::thread loop_;
   std::list<Connection> connections_;  // the loop's only
   std::map<std::string, std::string> data_;
+  std::size_t stored_bytes_ = 0;  // data_'s entries as entry_bytes counts them
   Clock::time_point log_window_{};
   int logged_ = 0;
   int suppressed_ = 0;

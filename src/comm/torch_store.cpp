@@ -99,8 +99,9 @@ void TorchStore::send(const std::string& request, const char* what) {
   }
 }
 
-void TorchStore::receive(void* data, std::size_t bytes, const char* what) {
-  if (!read_exact(socket_, data, bytes)) {
+void TorchStore::receive(void* data, std::size_t bytes, const char* what, Clock::time_point deadline) {
+  if (deadline == Clock::time_point::min()) deadline = Clock::now() + timeout_;
+  if (!read_exact(socket_, data, bytes, deadline)) {
     throw StoreGone("torch store at " + endpoint_ + ": " + what + ": no complete reply within " +
                     std::to_string(timeout_.count()) + " ms (the connection closed, or the store stopped answering)");
   }
@@ -140,14 +141,19 @@ std::vector<char> TorchStore::get(const std::string& key) {
   wait({key}, timeout_);
   std::lock_guard<std::mutex> lock(mutex_);
   send(Request(kGet).text(prefix_ + key).bytes(), "get");
+  const auto deadline = Clock::now() + timeout_;  // the whole reply, length and value
   std::uint64_t length = 0;
-  receive(&length, sizeof length, "get");
+  receive(&length, sizeof length, "get", deadline);
   if (length > kMaxValueBytes) {
     fail("get('" + key + "'): the reply claims " + std::to_string(length) + " bytes, over the " +
          std::to_string(kMaxValueBytes) + " a value may have: is this a PyTorch TCPStore?");
   }
-  std::vector<char> value(static_cast<std::size_t>(length));
-  receive(value.data(), value.size(), "get");
+  std::vector<char> value;  // grows as the bytes arrive: a claimed length allocates nothing
+  if (!read_value(socket_, value, static_cast<std::size_t>(length), deadline)) {
+    throw StoreGone("torch store at " + endpoint_ + ": get('" + key + "'): " + std::to_string(value.size()) + " of " +
+                    std::to_string(length) + " bytes of the value within " + std::to_string(timeout_.count()) +
+                    " ms (the connection closed, or the store stopped answering)");
+  }
   return value;
 }
 

@@ -54,7 +54,10 @@ class TorchStore final : public gloo::rendezvous::Store {
 
  private:
   void send(const std::string& request, const char* what);
-  void receive(void* data, std::size_t bytes, const char* what);
+  // Exactly `bytes` of a reply by `deadline` (by default the timeout from now: the whole read,
+  // so that a server trickling bytes cannot hold a rank past it).
+  void receive(void* data, std::size_t bytes, const char* what,
+               std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::min());
   [[noreturn]] void fail(const std::string& why);
 
   std::mutex mutex_;  // one request at a time on the socket

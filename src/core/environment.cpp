@@ -54,13 +54,16 @@ constexpr std::array kKnobs{
     Knob{"GRADSYNC_GLOO_STORE_DIR", "unset",
          "a shared folder that replaces the TCP store for the Gloo rendezvous", "comm (connect)"},
     Knob{"GRADSYNC_STORE_BIND", "MASTER_ADDR",
-         "the address rank 0's rendezvous store listens on (an address of this machine; * for every interface); "
-         "by default MASTER_ADDR's when it is one of this machine's, else every interface",
+         "the address rank 0's rendezvous store listens on (an address of this machine, else an error; * for every "
+         "interface); by default MASTER_ADDR's when it is one of this machine's, else every interface",
          "comm (Gloo's TCP store)"},
     Knob{"GRADSYNC_STORE_TOKEN", "derived from the job id",
          "the secret every rank presents to the rendezvous store, the same on every rank (scripts/launch.sh sets a "
          "random one); unset: derived from the launcher's job id and the rendezvous",
          "comm (Gloo's TCP store)"},
+    Knob{"GRADSYNC_STORE_MAX_MB", "256",
+         "what rank 0's rendezvous store holds at most, every key and value together: a set past it is refused, "
+         "whoever sends it", "comm (Gloo's TCP store)"},
     Knob{"GRADSYNC_TORCH_STORE", "under torchrun's agent store",
          "1: the store at MASTER_ADDR:MASTER_PORT is a PyTorch TCPStore that something else serves, and every rank is "
          "its client (the default when torchrun sets TORCHELASTIC_USE_AGENT_STORE=True); 0: rank 0 serves gradsync's own",
@@ -184,7 +187,15 @@ std::optional<std::string> node() { return text_knob("GRADSYNC_NODE"); }
 std::optional<std::string> gloo_host() { return text_knob("GRADSYNC_GLOO_HOST"); }
 std::optional<std::string> gloo_store_dir() { return text_knob("GRADSYNC_GLOO_STORE_DIR"); }
 std::optional<std::string> store_bind() { return text_knob("GRADSYNC_STORE_BIND"); }
-std::optional<std::string> store_token() { return text_knob("GRADSYNC_STORE_TOKEN"); }
+std::optional<std::string> store_token() {
+  // Set but empty is kept (not read as unset, as other knobs are): the store refuses it rather
+  // than fall back to a token anybody can derive.
+  const char* value = std::getenv("GRADSYNC_STORE_TOKEN");
+  return value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+}
+std::size_t store_max_bytes() {
+  return static_cast<std::size_t>(whole_number("GRADSYNC_STORE_MAX_MB", 1, 1 << 20, "MiB").value_or(256)) << 20;
+}
 bool torch_store() {
   if (is_set("GRADSYNC_TORCH_STORE")) return switch_knob("GRADSYNC_TORCH_STORE", false);
   return text_knob("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";

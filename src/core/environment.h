@@ -58,6 +58,7 @@ std::optional<std::string> gloo_host();                         // GRADSYNC_GLOO
 std::optional<std::string> gloo_store_dir();                    // GRADSYNC_GLOO_STORE_DIR
 std::optional<std::string> store_bind();                        // GRADSYNC_STORE_BIND
 std::optional<std::string> store_token();                       // GRADSYNC_STORE_TOKEN
+std::size_t store_max_bytes();                                  // GRADSYNC_STORE_MAX_MB, in bytes
 bool torch_store();                                             // GRADSYNC_TORCH_STORE, TORCHELASTIC_USE_AGENT_STORE
 std::size_t flight_recorder_entries();                          // GRADSYNC_FLIGHT_RECORDER
 std::optional<std::string> flight_recorder_dir();               // GRADSYNC_FLIGHT_RECORDER_DIR

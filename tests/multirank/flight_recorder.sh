@@ -65,3 +65,49 @@ for fault in "${faults[@]}"; do
   esac
   echo "== $fault: the report names rank 2 and the operation"
 done
+
+# SIGUSR1 while a rank still waits at the rendezvous (no communicator yet, its peer late): the
+# rank stays alive and dumps a record saying where it waits, which the report shows.
+dir=$scratch/connecting
+mkdir -p "$dir"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GRADSYNC_STORE_TOKEN=flight-test \
+  GRADSYNC_RENDEZVOUS_TIMEOUT_MS=60000 GRADSYNC_FLIGHT_RECORDER_DIR=$dir "$program" stopped >"$dir/out1.txt" 2>&1 &
+pids=($!)
+sleep 1
+kill -USR1 "${pids[0]}"
+for _ in $(seq 100); do [[ -f $dir/rank1.json ]] && break; sleep 0.1; done
+[[ -f $dir/rank1.json ]] || { echo "FAIL: a rank at the rendezvous wrote no record on SIGUSR1"; cat "$dir/out1.txt"; exit 1; }
+kill -0 "${pids[0]}" 2>/dev/null || { echo "FAIL: SIGUSR1 ended the rank waiting at the rendezvous"; cat "$dir/out1.txt"; exit 1; }
+python3 "$source/scripts/flight_report.py" "$dir" --world 2 | tee "$dir/report.txt"
+expect "$dir/report.txt" "rank 1 has no communicator yet: it waits at the rendezvous at 127.0.0.1:$port (dumped for: SIGUSR1)"
+kill -9 "${pids[0]}" 2>/dev/null || true
+echo "== SIGUSR1 at the rendezvous: the rank lives on and its record says where it waits"
+
+# Damaged dumps beside good ones: each is named with why and left out, the others reported.
+good=$scratch/skip
+damaged=$scratch/damaged
+mkdir -p "$damaged"
+cp "$good/rank0.json" "$good/rank1.json" "$damaged/"
+head -c 100 "$good/rank2.json" > "$damaged/rank2.json"                        # truncated
+: > "$damaged/rank3.json"                                                       # empty
+head -c 64 /dev/urandom > "$damaged/rank4.json"; printf '\xff\xfe' >> "$damaged/rank4.json"  # binary
+mkdir "$damaged/rank5.json"                                                     # a folder
+sed 's/"rank": 0,/"rank": -7,/' "$good/rank0.json" > "$damaged/rank6.json"     # a negative rank
+cp "$good/rank1.json" "$damaged/rank7.json"                                     # a second claim on rank 1
+echo '{"format": "something else"}' > "$damaged/rank8.json"                     # not a flight record
+python3 "$source/scripts/flight_report.py" "$damaged" --world 3 | tee "$damaged/report.txt"
+expect "$damaged/report.txt" "rank2.json: left out: not whole JSON"
+expect "$damaged/report.txt" "rank3.json: left out: empty"
+expect "$damaged/report.txt" "rank4.json: left out: not"
+expect "$damaged/report.txt" "rank5.json: left out: not a file"
+expect "$damaged/report.txt" "rank6.json: left out: its rank -7 is not one of the job's"
+expect "$damaged/report.txt" "rank1.json and rank7.json all claim rank 1: left out"
+expect "$damaged/report.txt" "rank8.json: left out: not a flight record"
+expect "$damaged/report.txt" "communicator world"
+expect "$damaged/report.txt" "no dump from ranks 1, 2"
+if python3 "$source/scripts/flight_report.py" "$scratch/nowhere" > "$damaged/none.txt"; then
+  echo "FAIL: a missing folder was not an error"; exit 1
+fi
+expect "$damaged/none.txt" "is not a folder of flight records"
+echo "== damaged dumps: each named and left out, the rest reported"

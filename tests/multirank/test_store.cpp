@@ -48,6 +48,19 @@ std::int64_t resident_kib() {
   return 0;
 }
 
+// A port nobody listens on now (the kernel's pick, released at once).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
 // A raw TCP connection to the server, for sending what no client of ours would.
 int raw_connection(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -122,6 +135,75 @@ TEST(Store, AStrangerWithoutTheTokenIsRefused) {
   ::close(fd);
   EXPECT_TRUE(eventually([&] { return server.counters().refused_token == 1 && server.counters().malformed == 1; }));
   server.expect_clients_work("after strangers");
+}
+
+// A client holding the token cannot fill rank 0's memory: what the store holds is bounded
+// (GRADSYNC_STORE_MAX_MB) for everyone, so sets past it are refused, naming the knob, while
+// replacing a value and reading go on. (It used to store 1.5 GB from one client.)
+TEST(Store, AClientWithTheTokenCannotFillTheStore) {
+  comm::TcpStoreServerOptions options;
+  options.max_stored_bytes = std::size_t{8} << 20;
+  Server server(options);
+  TcpStore client("127.0.0.1", server.port, false, 5000ms, "the-job-token");
+  const std::vector<char> mebibyte(std::size_t{1} << 20, 'x');
+  const std::int64_t before = resident_kib();
+  int stored = 0;
+  try {
+    for (; stored < 1000; ++stored) client.set("fill/" + std::to_string(stored), mebibyte);
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("refused: the store holds all it may (GRADSYNC_STORE_MAX_MB"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(stored, 7);  // 7 MiB and their keys fit in 8 MiB; the 8th does not
+  EXPECT_LT(resident_kib() - before, 64 * 1024);
+  EXPECT_EQ(server.counters().refused_full_store, 1);
+  EXPECT_LE(server.counters().stored_bytes, std::int64_t{8} << 20);
+  client.set("fill/0", {'s', 'm', 'a', 'l', 'l'});  // a replacement frees what it replaces
+  client.set("after", mebibyte);
+  EXPECT_EQ(client.get("fill/1").size(), mebibyte.size());
+  server.expect_clients_work("after a fill");
+}
+
+TEST(Store, TheBoundComesFromTheEnvironment) {
+  const testing::ScopedVariable limit("GRADSYNC_STORE_MAX_MB", "2");
+  TcpStore store("127.0.0.1", free_port(), true, 5000ms, "t");
+  const std::vector<char> mebibyte(std::size_t{1} << 20, 'x');
+  store.set("a", mebibyte);
+  EXPECT_GRADSYNC_ERROR(store.set("b", mebibyte), "GRADSYNC_STORE_MAX_MB");
+  const testing::ScopedVariable wrong("GRADSYNC_STORE_MAX_MB", "0");
+  EXPECT_GRADSYNC_ERROR(TcpStore("127.0.0.1", free_port(), true, 2000ms, "t"),
+                        "GRADSYNC_STORE_MAX_MB must be a whole number");
+}
+
+// GRADSYNC_STORE_BIND names where rank 0 listens: an address that is not this machine's is an
+// error naming it, never a quiet fallback to every interface (which widened the exposure).
+TEST(Store, AForeignBindAddressIsAnError) {
+  const testing::ScopedVariable bind("GRADSYNC_STORE_BIND", "192.0.2.1");  // TEST-NET-1: nobody's address
+  EXPECT_GRADSYNC_ERROR(TcpStore("127.0.0.1", free_port(), true, 2000ms, "t"),
+                        "cannot listen on GRADSYNC_STORE_BIND=192.0.2.1");
+}
+
+// The token: set but empty is an error; derived (no GRADSYNC_STORE_TOKEN) on an address beyond
+// this machine is warned about, since whoever reaches the port can compute it.
+TEST(Store, ATokenThatIsNoSecretIsSaidSo) {
+  {
+    const testing::ScopedVariable empty("GRADSYNC_STORE_TOKEN", "");
+    EXPECT_GRADSYNC_ERROR(comm::store_token("127.0.0.1", 29500, 2), "GRADSYNC_STORE_TOKEN is set but empty");
+  }
+  std::vector<std::string> warnings;
+  const WarningHandler previous = set_warning_handler([&](const std::string& text) { warnings.push_back(text); });
+  {
+    comm::TcpStoreServerOptions options;
+    options.bind_host = "127.0.0.1";
+    options.secret_token = false;
+    Server loopback(options);  // only this machine reaches it: nothing to say
+    options.bind_host = "*";
+    Server everywhere(options);
+  }
+  set_warning_handler(previous);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("set GRADSYNC_STORE_TOKEN to a secret shared by the ranks"), std::string::npos) << warnings[0];
 }
 
 // 13 bytes with a huge length prefix used to end rank 0 (std::length_error in a handler).
@@ -463,6 +545,48 @@ TEST(TorchStoreClient, HostileRepliesAreErrorsNamingTheStore) {
     SCOPED_TRACE(what);
     EXPECT_GRADSYNC_ERROR(client.get("key"), "torch store at 127.0.0.1:", fragment);
     EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << what;
+  }
+}
+
+// A server that trickles its reply, a byte every 1.5 s, cannot hold a rank past its timeout (the
+// timeout bounds the whole reply, not each recv: a rank waited forever under the old client);
+// one that claims a value of the cap (1 GiB) and sends a little costs the client what it sent.
+TEST(TorchStoreClient, ATricklingOrLyingServerCannotHoldOrFillARank) {
+  const auto limit = 2000ms;
+  {
+    ScriptedServer server([sent = std::size_t{0}, last = std::chrono::steady_clock::time_point{}](
+                              const std::string& in) mutable -> std::optional<std::string> {
+      if (in.size() < kOpening || sent == 4) return "";
+      const auto now = std::chrono::steady_clock::now();
+      if (sent > 0 && now - last < 1500ms) return "";
+      last = now;
+      return echo_ping(in).substr(sent++, 1);  // the ping's echo, one byte at a time
+    });
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_GRADSYNC_ERROR(comm::TorchStore("127.0.0.1", server.port, limit, "/p/"), "no complete reply within 2000 ms");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3500ms);
+  }
+  {
+    ScriptedServer server([seen = std::size_t{0}](const std::string& in) mutable -> std::optional<std::string> {
+      if (seen == 0) {
+        if (in.size() < kOpening) return "";
+        seen = kOpening;
+        return echo_ping(in);
+      }
+      if (in.size() == seen) return "";
+      const char op = in[seen];
+      seen = in.size();
+      if (op == 6) return std::string(1, '\0');  // the wait: the key is there
+      std::string reply(8, '\0');                // the get: a length of 1 GiB, then 4 KiB, then silence
+      reply[3] = 0x40;
+      return reply + std::string(4096, 'v');
+    });
+    comm::TorchStore client("127.0.0.1", server.port, limit, "/p/");
+    const std::int64_t before = resident_kib();
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_GRADSYNC_ERROR(client.get("key"), "4096 of 1073741824 bytes of the value within 2000 ms");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3500ms);
+    EXPECT_LT(resident_kib() - before, 64 * 1024);  // not the 1 GiB claimed
   }
 }
 
