@@ -3,6 +3,8 @@
 #include "gradsync/dist/powersgd.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "completed_work.h"
 #include "gradsync/kernels/ops.h"
@@ -102,8 +104,9 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
   Tensor input_copy;
   if (options.use_error_feedback) {
     if (const Tensor* error = on_device(state.error, b, device)) {
-      GRADSYNC_CHECK(error->numel() == flat.numel(), "PowerSGD: ", bucket_name(info), " holds ", flat.numel(),
-                     " elements, its error feedback ", error->numel(), ": the buckets changed under the state");
+      GRADSYNC_CHECK(error->numel() == flat.numel() && error->dtype() == flat.dtype(), "PowerSGD: ", bucket_name(info),
+                     " holds ", flat.numel(), " ", dtype_name(flat.dtype()), " elements, its error feedback ",
+                     error->numel(), " ", dtype_name(error->dtype()), ": the buckets changed under the state");
       ops::axpy(1.0, *error, flat);
     } else {
       state.error[b] = Tensor::zeros({flat.numel()}, dtype, device);
@@ -167,9 +170,11 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
   }
   Tensor& p_memory = *on_device(state.p_memory, b, device);
   Tensor& q_memory = *on_device(state.q_memory, b, device);
-  GRADSYNC_CHECK(p_memory.numel() == p_total && q_memory.numel() == q_total, "PowerSGD: ", bucket_name(info), " needs ",
-                 p_total, " + ", q_total, " elements of P and Q, its memory holds ", p_memory.numel(), " + ",
-                 q_memory.numel(), ": the buckets changed under the state");
+  GRADSYNC_CHECK(p_memory.numel() == p_total && q_memory.numel() == q_total && p_memory.dtype() == dtype &&
+                     q_memory.dtype() == dtype,
+                 "PowerSGD: ", bucket_name(info), " needs ", p_total, " + ", q_total, " ", dtype_name(dtype),
+                 " elements of P and Q, its memory holds ", p_memory.numel(), " + ", q_memory.numel(), " ",
+                 dtype_name(p_memory.dtype()), ": the buckets changed under the state");
   std::vector<Factors> factors;
   for (const Block& block : blocks) {
     for (std::size_t k = 0; k < block.offsets.size(); ++k) {
@@ -284,11 +289,16 @@ std::map<std::string, Tensor> PowerSGDState::state_dict() const {
   return state;
 }
 
+// Every entry is checked before the state changes (a state that loads is one the hook can run):
+// the names, that each bucket's P comes with its Q, one floating dtype, sizes a whole number of
+// rank-r columns, finite values, counters that a run could have reached. What it cannot know
+// before a step, the buckets' shapes, the hook checks at its first step, naming the bucket.
 void PowerSGDState::load_state_dict(const std::map<std::string, Tensor>& state) {
   Impl loaded;
   loaded.options = impl_->options;
   bool has_iteration = false;
   bool has_rng = false;
+  const auto fail = [](const auto&... parts) { detail::throw_error("PowerSGDState::load_state_dict: ", parts...); };
   for (const auto& [name, tensor] : state) {
     GRADSYNC_CHECK(tensor.defined() && tensor.device().is_cpu(), "PowerSGDState::load_state_dict: '", name,
                    "' is not a host tensor");
@@ -299,6 +309,16 @@ void PowerSGDState::load_state_dict(const std::map<std::string, Tensor>& state) 
       if (name == "iteration") {
         GRADSYNC_CHECK(tensor.numel() == 3, "PowerSGDState::load_state_dict: 'iteration' holds 3 counters, got ",
                        tensor.numel());
+        // Steps and elements a run could have counted: not negative, not past 2^53 (a double's
+        // exact integers, where the compression rate is computed), no more sent than held.
+        constexpr std::int64_t kMost = std::int64_t{1} << 53;
+        for (int k = 0; k < 3; ++k) {
+          if (values[k] < 0 || values[k] > kMost) {
+            fail("'iteration' counter ", k, " (", k == 0 ? "the step" : k == 1 ? "elements held" : "elements sent",
+                 ") is ", values[k], ", outside 0 to 2^53");
+          }
+        }
+        if (values[2] > values[1]) fail("'iteration' says ", values[2], " elements were sent for ", values[1], " held");
         loaded.iteration = values[0];
         loaded.numel_before = values[1];
         loaded.numel_after = values[2];
@@ -329,10 +349,42 @@ void PowerSGDState::load_state_dict(const std::map<std::string, Tensor>& state) 
                                                             : nullptr;
     GRADSYNC_CHECK(target != nullptr, "PowerSGDState::load_state_dict: '", name,
                    "' is not error.<bucket>, p.<bucket>, q.<bucket>, iteration or rng");
-    (*target)[bucket] = tensor.flatten().clone();
+    if (tensor.numel() == 0) fail("'", name, "' is empty");
+    const Tensor flat = tensor.flatten().clone();
+    const std::vector<double> values = flat.to_double_vector();
+    const auto bad = std::find_if(values.begin(), values.end(), [](double v) { return !std::isfinite(v); });
+    if (bad != values.end()) fail("'", name, "' holds ", *bad, " at element ", bad - values.begin());
+    if (kind != "error" && flat.numel() % loaded.options.matrix_approximation_rank != 0) {
+      fail("'", name, "' holds ", flat.numel(), " elements, not a whole number of rank-",
+           loaded.options.matrix_approximation_rank, " factors (matrix_approximation_rank)");
+    }
+    (*target)[bucket] = flat;
   }
   GRADSYNC_CHECK(has_iteration && has_rng, "PowerSGDState::load_state_dict: the state lacks '",
                  has_iteration ? "rng" : "iteration", "'");
+  // P and Q come in pairs; error feedback only where this state keeps it; one dtype throughout
+  // (the gradients').
+  for (const auto& [bucket, p] : loaded.p_memory) {
+    if (!loaded.q_memory.count(bucket)) fail("'p.", bucket, "' has no 'q.", bucket, "' (P and Q are saved together)");
+  }
+  for (const auto& [bucket, q] : loaded.q_memory) {
+    if (!loaded.p_memory.count(bucket)) fail("'q.", bucket, "' has no 'p.", bucket, "' (P and Q are saved together)");
+  }
+  if (!loaded.options.use_error_feedback && !loaded.error.empty()) {
+    fail("'error.", loaded.error.begin()->first, "' is error feedback, which this state's options turn off");
+  }
+  std::optional<std::pair<std::string, DType>> first;
+  for (const auto* kind : {&loaded.error, &loaded.p_memory, &loaded.q_memory}) {
+    for (const auto& [bucket, tensor] : *kind) {
+      const std::string name = std::string(kind == &loaded.error ? "error." : kind == &loaded.p_memory ? "p." : "q.") +
+                               std::to_string(bucket);
+      if (!first) first.emplace(name, tensor.dtype());
+      if (tensor.dtype() != first->second) {
+        fail("'", name, "' is ", dtype_name(tensor.dtype()), " and '", first->first, "' ", dtype_name(first->second),
+             ": one state holds the gradients' one dtype");
+      }
+    }
+  }
   *impl_ = std::move(loaded);
 }
 

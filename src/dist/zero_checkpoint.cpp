@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradsync/comm/agreement.h"
+#include "gradsync/dist/replicas.h"
 #include "gradsync/io/checksum.h"
 #include "gradsync/io/safetensors.h"
 #include "zero_set.h"
@@ -345,6 +346,36 @@ void load_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
         pieces.push_back(zero_set::open_piece(folder, manifest, r, optimizer, /*verify_bytes=*/r % comm.size() == comm.rank()));
       }
       zero_set::check_consistent(pieces);
+    });
+  } else {
+    // Each rank read its own piece only: the pieces must still record one optimizer state (its
+    // type, groups, every parameter's step count, which state exists), as the resharding path
+    // checks across every piece, or a forged or mixed-up piece would step its rank differently
+    // from the others. Each rank compares its piece's with rank 0's: one error on every rank,
+    // naming the piece and the entry.
+    constexpr const char* kShared[] = {"optimizer.type", "optimizer.groups", "optimizer.steps", "zero.present"};
+    const io::Metadata& mine = pieces.front().file->metadata();
+    std::string record;  // the four entries, each followed by a zero byte
+    for (const char* key : kShared) {
+      const auto found = mine.find(key);
+      record += (found == mine.end() ? std::string("(absent)") : found->second) + '\0';
+    }
+    const std::string reference = broadcast_bytes(comm, record, 0);
+    comm::agree(comm, what, [&] {
+      if (record == reference) return;
+      const auto entries = [](const std::string& text) {
+        std::vector<std::string> parts;
+        for (std::size_t at = 0, end; (end = text.find('\0', at)) != std::string::npos; at = end + 1) {
+          parts.push_back(text.substr(at, end - at));
+        }
+        return parts;
+      };
+      const std::vector<std::string> ours = entries(record), theirs = entries(reference);
+      std::size_t entry = 0;
+      while (entry + 1 < std::size(kShared) && entry < theirs.size() && ours[entry] == theirs[entry]) ++entry;
+      detail::throw_error(pieces.front().file->path().string(), ": '", kShared[entry],
+                          "' differs from rank 0's piece (pieces of one set record the same optimizer state: every ",
+                          "parameter's step count, the groups, which state exists)");
     });
   }
 

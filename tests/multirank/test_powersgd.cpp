@@ -292,5 +292,80 @@ TEST(PowerSGD, MistakesAreNamed) {
   });
 }
 
+// A damaged state is refused at load, naming PowerSGD and the entry, and leaves the state as it
+// was; none of them can reach the hook (a state without q.<bucket> used to be a SIGSEGV there).
+// A Q that is whole but the wrong size for the bucket is found at the next step, named.
+TEST(PowerSGD, EveryDamagedStateEntryIsRefused) {
+  comm::run_gloo_thread_group(1, [](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {16, 12});
+    registry.finalize();
+    dist::BucketInfo info;
+    info.members.push_back(&registry[0]);
+    info.member_offset.push_back(0);
+    info.numel = 192;
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{.matrix_approximation_rank = 2, .start_powerSGD_iter = 2});
+    const dist::ReduceHook hook = dist::powersgd_hook(state);
+    const auto step = [&] {
+      Tensor flat = Tensor::zeros({192}, DType::f32);
+      std::vector<float> values(192);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+      flat.copy_from(Tensor::from_vector(values, {192}));
+      hook(comm, flat, info)->wait();
+    };
+    for (int k = 0; k < 3; ++k) step();
+    const std::map<std::string, Tensor> good = state->state_dict();
+    ASSERT_TRUE(good.count("q.0") && good.count("p.0") && good.count("error.0"));
+    const auto with = [&](const std::string& key, const Tensor& tensor) {
+      std::map<std::string, Tensor> changed = good;
+      if (tensor.defined()) changed[key] = tensor; else changed.erase(key);
+      return changed;
+    };
+    const auto poisoned = [&](const std::string& key, double value) {
+      Tensor copy = good.at(key).clone();
+      copy.data_as<float>()[1] = static_cast<float>(value);
+      return copy;
+    };
+    const auto counters = [](std::int64_t step, std::int64_t held, std::int64_t sent) {
+      Tensor t = Tensor::empty({3}, DType::i64);
+      t.data_as<std::int64_t>()[0] = step;
+      t.data_as<std::int64_t>()[1] = held;
+      t.data_as<std::int64_t>()[2] = sent;
+      return t;
+    };
+    const std::vector<std::pair<std::map<std::string, Tensor>, std::string>> cases = {
+        {with("q.0", Tensor()), "'p.0' has no 'q.0'"},
+        {with("p.0", Tensor()), "'q.0' has no 'p.0'"},
+        {with("q.0", good.at("q.0").to(DType::f64)), "one state holds the gradients' one dtype"},
+        {with("q.0", Tensor::zeros({7}, DType::f32)), "not a whole number of rank-2 factors"},
+        {with("q.0", Tensor::zeros({0}, DType::f32)), "'q.0' is empty"},
+        {with("q.0", poisoned("q.0", std::nan(""))), "'q.0' holds nan at element 1"},
+        {with("error.0", poisoned("error.0", INFINITY)), "'error.0' holds inf at element 1"},
+        {with("iteration", counters(-1, 0, 0)), "counter 0 (the step) is -1"},
+        {with("iteration", counters(std::int64_t{1} << 60, 0, 0)), "outside 0 to 2^53"},
+        {with("iteration", counters(3, 10, 20)), "20 elements were sent for 10 held"},
+        {with("q.0", Tensor::zeros({4}, DType::i64)), "must be f32 or f64"},
+        {with("extra", Tensor::zeros({4}, DType::f32)), "'extra' is not error.<bucket>"},
+        {with("rng", Tensor()), "lacks 'rng'"},
+    };
+    for (const auto& [damaged, message] : cases) {
+      SCOPED_TRACE(message);
+      EXPECT_GRADSYNC_ERROR(state->load_state_dict(damaged), "PowerSGDState::load_state_dict", message);
+      EXPECT_EQ(state->iteration(), 3);  // unchanged
+    }
+    // Error feedback in a state whose options have none.
+    PowerSGDState plain(PowerSGDOptions{.matrix_approximation_rank = 2, .start_powerSGD_iter = 2, .use_error_feedback = false,
+                                        .warm_start = false});
+    EXPECT_GRADSYNC_ERROR(plain.load_state_dict(good), "'error.0' is error feedback, which this state's options turn off");
+    // A Q of the wrong size for the bucket loads (its bucket is not known then) and the next step
+    // refuses it, naming PowerSGD and the bucket.
+    state->load_state_dict(with("q.0", Tensor::zeros({8}, DType::f32)));
+    EXPECT_GRADSYNC_ERROR(step(), "PowerSGD: bucket 0 (w) needs");
+    state->load_state_dict(good);
+    step();
+    EXPECT_EQ(state->iteration(), 4);
+  });
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -1030,6 +1030,20 @@ TEST(ZeroCheckpoint, DamagedSetsNeverLoadAndEveryRankSaysWhy) {
          rewrite_piece(sets, 1, [](io::Metadata& metadata) { metadata["zero.ranges"] = "[[0, 0, 100000000]]"; });
        },
        {"rank1.safetensors: range [0, 0, 100000000]: end is 100000000"}},
+      {"a forged step count in one piece (same world: each rank reads only its own)", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         rewrite_piece(sets, 1, [](io::Metadata& metadata) {
+           json steps = json::parse(metadata.at("optimizer.steps"));
+           for (auto& [name, count] : steps.items()) count = count.get<std::int64_t>() + 1000;
+           metadata["optimizer.steps"] = steps.dump();
+         });
+       },
+       {"rank 1: ", "rank1.safetensors: 'optimizer.steps' differs from rank 0's piece"}},
+      {"another optimizer's type in one piece", false,
+       [&](const std::filesystem::path& sets, const std::filesystem::path&) {
+         rewrite_piece(sets, 0, [](io::Metadata& metadata) { metadata["optimizer.type"] = "SGD"; });
+       },
+       {"rank 1: ", "rank1.safetensors: 'optimizer.type' differs from rank 0's piece"}},
       {"a manifest that is not JSON", false,
        [&](const std::filesystem::path& sets, const std::filesystem::path&) { write_text(sets / "manifest.json", "{\"set\":"); },
        {"manifest.json is not a JSON object"}},
