@@ -27,6 +27,7 @@
 
 #include "common/checkpoints.h"
 #include "common/flags.h"
+#include "common/metrics.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/optim/sgd.h"
@@ -91,6 +92,7 @@ Dataset make_dataset(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  examples::line_buffered_progress();
   const Options options = parse(argc, argv);
   const Dataset data = make_dataset(options);
 

@@ -90,6 +90,7 @@ void load_powersgd(dist::PowerSGDState& state, const io::SafetensorsReader& file
 }  // namespace
 
 int main(int argc, char** argv) try {
+  examples::line_buffered_progress();
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
@@ -114,7 +115,12 @@ int main(int argc, char** argv) try {
                  "(docs/zero.md)");
 
   // 1-2. The run, and the model made data-parallel.
-  auto training = examples::prepare_training(options);
+  auto training = examples::prepare_training(
+      options, "digits_ddp",
+      {std::string("--find-unused ") + (find_unused ? "on" : "off"), examples::number_setting("--bucket-cap-mb", bucket_cap_mb),
+       std::string("--sync-strategy ") + dist::sync_strategy_name(strategy),
+       std::string("--divide-by-active ") + (divide_by_active ? "on" : "off"), "--zero " + std::to_string(zero_stage),
+       "--powersgd-rank " + std::to_string(powersgd_rank), "--powersgd-start " + std::to_string(powersgd_start)});
   std::optional<double> cap;
   if (bucket_cap_mb > 0) cap = bucket_cap_mb;
   const bool sharded_parameters = zero_stage == 3 && training->comm->size() > 1;

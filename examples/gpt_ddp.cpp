@@ -70,6 +70,7 @@ double learning_rate(std::int64_t step, double lr, double min_lr, std::int64_t w
 }  // namespace
 
 int main(int argc, char** argv) try {
+  examples::line_buffered_progress();
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf(
@@ -140,10 +141,28 @@ int main(int argc, char** argv) try {
                  "parameters here (the model widens every bf16 weight at once, which sharding would undo)");
 
 
-  // 1. The ranks, the data, the model (every rank starts from rank 0's weights).
+  // 1. The ranks, the data, the model (every rank starts from rank 0's weights). First, what every
+  // rank must run alike: a rank started with another --batch would train with mixed batches.
   examples::Ranks ranks = examples::connect_ranks(backend, Device::parse(device_text), device_text == "cuda");
   std::unique_ptr<comm::Communicator> comm = std::move(ranks.comm);
   const Device device = ranks.device;
+  using examples::number_setting;
+  examples::require_same_settings(
+      *comm,
+      {"--batch " + std::to_string(batch), "--length " + std::to_string(length),
+       "--microbatches " + std::to_string(microbatches), "--steps " + std::to_string(steps),
+       examples::file_setting("--data", data_path), "--vocab-size " + std::to_string(vocab),
+       "--layers " + std::to_string(config.layers), "--heads " + std::to_string(config.heads),
+       "--embd " + std::to_string(config.embd), "--block " + std::to_string(config.block), "--gelu " + gelu,
+       examples::file_setting("--init", init), "--seed " + std::to_string(seed), "--precision " + precision,
+       "--zero " + std::to_string(zero_stage), std::string("--sync-strategy ") + dist::sync_strategy_name(strategy),
+       std::string("--uneven ") + (uneven ? "on" : "off"), "--powersgd-rank " + std::to_string(powersgd_rank),
+       "--powersgd-start " + std::to_string(powersgd_start), number_setting("--lr", lr), number_setting("--min-lr", min_lr),
+       "--warmup " + std::to_string(warmup), "--decay-steps " + std::to_string(decay_steps),
+       number_setting("--weight-decay", weight_decay), number_setting("--beta1", beta1), number_setting("--beta2", beta2),
+       number_setting("--eps", eps), number_setting("--clip-norm", clip_norm),
+       "--checkpoint-every " + std::to_string(restarts.checkpoint_every)},
+      "gpt_ddp");
   const std::vector<std::int32_t> data = read_tokens(data_path, vocab);
   GRADSYNC_CHECK(static_cast<std::int64_t>(data.size()) > length + 1, data_path, " holds ", data.size(),
                  " tokens, fewer than a sequence of ", length, " and its target");
@@ -259,9 +278,12 @@ int main(int argc, char** argv) try {
       sync_seconds += since(wait_start);
     }
     const Clock::time_point optimizer_start = Clock::now();
-    const double norm = clip_norm <= 0 ? std::nan("")
-                        : zero      ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
-                                    : optim::clip_grad_norm(optimizer, clip_norm);
+    // The total norm before clipping; with clipping off it is still measured for --metrics (the
+    // optimizer's statistics of the gradients it steps: under ZeRO, every rank's pieces summed).
+    const double norm = clip_norm > 0 ? (zero ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
+                                              : optim::clip_grad_norm(optimizer, clip_norm))
+                        : metrics_path.empty() ? std::nan("")
+                                               : std::sqrt(optimizer.gradient_statistics().sum_of_squares);
     const double rate = learning_rate(step, lr, min_lr, warmup, decay_steps);
     optimizer.set_lr(0, rate);
     optimizer.set_lr(1, rate);
@@ -279,7 +301,8 @@ int main(int argc, char** argv) try {
     }
     const double tokens = static_cast<double>(batch * world * length);
     metrics.step(step, 0, step_loss, norm,
-                 {{"tokens_per_s", tokens / step_seconds},
+                 {{"lr", rate},
+                  {"tokens_per_s", tokens / step_seconds},
                   {"sync_share", sync_seconds / step_seconds},
                   {"optimizer_share", optimizer_seconds / step_seconds}});
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {

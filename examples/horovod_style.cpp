@@ -29,6 +29,7 @@
 using namespace gradsync;
 
 int main(int argc, char** argv) try {
+  examples::line_buffered_progress();
   examples::Flags flags(argc, argv);
   if (flags.flag("--help")) {
     std::printf("horovod_style flags:\n  --backward-passes-per-step 1   --compression none|fp16|bf16   "
@@ -44,7 +45,9 @@ int main(int argc, char** argv) try {
                  "--clip-norm does not combine with --op adasum: Adasum reduces the deltas of a local step inside "
                  "step(), so there is no reduced gradient to clip (Horovod's Adasum optimizer has no skip_synchronize)");
 
-  auto training = examples::prepare_training(options);
+  auto training = examples::prepare_training(
+      options, "horovod_style",
+      {std::string("--compression ") + dist::compression_name(compression), std::string("--op ") + dist::op_name(op)});
   comm::Communicator& comm = *training->comm;
   // Horovod's start of training: everyone begins from rank 0's weights and optimizer state.
   dist::broadcast_parameters(training->registry, comm, 0);

@@ -8,6 +8,8 @@
 
 namespace gradsync::examples {
 
+void line_buffered_progress() { std::setvbuf(stdout, nullptr, _IOLBF, 0); }
+
 Metrics::Metrics(const std::string& path, bool writer) {
   if (path.empty() || !writer) return;
   // The folder it names is made, as a user who writes --metrics runs/today/metrics.jsonl means.
@@ -25,9 +27,9 @@ Metrics::~Metrics() {
 void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
                    const std::vector<std::pair<const char*, double>>& extra) {
   if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f", static_cast<long long>(step), epoch, loss);
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.9g", static_cast<long long>(step), epoch, loss);
   if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
-  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.6g", name, value);
+  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.9g", name, value);
   std::fprintf(file_, "}\n");
   std::fflush(file_);
 }
@@ -45,7 +47,7 @@ void Metrics::stragglers(std::int64_t step, const comm::StragglerReport& report)
 
 void Metrics::epoch(std::int64_t step, int epoch, double loss, double accuracy) {
   if (file_ == nullptr) return;
-  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.6f, \"accuracy\": %.6f}\n",
+  std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"epoch_loss\": %.9g, \"accuracy\": %.6f}\n",
                static_cast<long long>(step), epoch, loss, accuracy);
   std::fflush(file_);
 }

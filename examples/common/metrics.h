@@ -11,6 +11,11 @@
 
 namespace gradsync::examples {
 
+// Progress lines reach whatever reads them (torchrun's log, a pipe, a file) as they are printed:
+// stdout line-buffered, so the lines of an attempt that is killed are not lost in a block
+// buffer. Every trainer calls it first.
+void line_buffered_progress();
+
 // One JSON object per line: {"step":..,"epoch":..,"loss":..[,"accuracy":..]}. Disabled when
 // the path is empty; only rank 0 writes.
 class Metrics {

@@ -1,7 +1,11 @@
 // Connecting the trainers' ranks (ranks.h).
 #include "ranks.h"
 
+#include <cstdio>
+
 #include "gradsync/comm/connect.h"
+#include "gradsync/dist/replicas.h"
+#include "gradsync/io/checksum.h"
 
 namespace gradsync::examples {
 
@@ -16,6 +20,23 @@ Ranks connect_ranks(const std::string& backend, Device device, bool any_gpu) {
     ranks.device = Device::cuda(comm::local_rank_from_environment(ranks.comm->rank()) % cuda_device_count());
   }
   return ranks;
+}
+
+void require_same_settings(comm::Communicator& comm, const std::vector<std::string>& settings,
+                           const std::string& trainer) {
+  dist::require_same_lines(comm, settings, trainer, "settings", "Setting");
+}
+
+std::string file_setting(const std::string& flag, const std::string& path) {
+  if (path.empty()) return flag + " none";
+  const io::FileChecksum checksum = io::checksum_file(path);
+  return flag + " " + std::to_string(checksum.bytes) + " bytes, xxh64 " + io::hex_digest(checksum.xxh64);
+}
+
+std::string number_setting(const std::string& flag, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return flag + " " + text;
 }
 
 void require_identical_replicas(comm::Communicator& comm, const ParameterRegistry& registry) {

@@ -116,11 +116,36 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   return o;
 }
 
-std::unique_ptr<Training> prepare_training(const TrainerOptions& options) {
+std::unique_ptr<Training> prepare_training(const TrainerOptions& options, const std::string& trainer,
+                                           const std::vector<std::string>& settings) {
   auto t = std::make_unique<Training>();
   Ranks ranks = connect_ranks(options.backend, options.device, options.device_is_any_gpu);
   t->comm = std::move(ranks.comm);
   t->device = ranks.device;
+  // What every rank must run alike, compared before the data or the model are touched.
+  std::vector<std::string> all{
+      "--batch " + std::to_string(options.batch) + (options.batch_given ? "" : " (the default)"),
+      "passes per step " + std::to_string(options.passes),
+      file_setting("--data", options.data),
+      number_setting("--input-scale", options.input_scale),
+      number_setting("--holdout", options.holdout),
+      "--hidden " + std::to_string(options.hidden),
+      "--precision " + options.precision,
+      "--optimizer " + options.optimizer,
+      number_setting("--lr", options.lr),
+      number_setting("--momentum", options.momentum),
+      number_setting("--clip-norm", options.clip_norm),
+      "--seed " + std::to_string(options.seed),
+      std::string("--no-shuffle ") + (options.shuffle ? "off" : "on"),
+      "--epochs " + std::to_string(options.epochs),
+      "--max-steps " + std::to_string(options.max_steps),
+      std::string("--uneven ") + (options.uneven ? "on" : "off"),
+      "--stragglers " + std::to_string(options.stragglers),
+      "--checkpoint-every " + std::to_string(options.restarts.checkpoint_every),
+      file_setting("--init", options.init),
+  };
+  all.insert(all.end(), settings.begin(), settings.end());
+  require_same_settings(*t->comm, all, trainer);
   if (!options.timeline.empty()) timeline::start(options.timeline, t->comm->rank());
   const int world = t->comm->size();
   t->data = load_dataset(options.data, options.input_scale);

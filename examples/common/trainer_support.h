@@ -103,7 +103,10 @@ struct Training {
   void finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
                    const std::function<void()>& step);
 };
-std::unique_ptr<Training> prepare_training(const TrainerOptions& options);
+// `settings`: the trainer's own settings that must agree across ranks (require_same_settings),
+// compared with the common ones before anything else happens; `trainer` names it in errors.
+std::unique_ptr<Training> prepare_training(const TrainerOptions& options, const std::string& trainer,
+                                           const std::vector<std::string>& settings = {});
 
 // The epochs: `step(order, first_row)` trains one step on the rows order[first_row,
 // first_row + local_batch) and returns its mean loss; the run handles progress, metrics, the

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_restart gpt_cuda.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_restart mismatched gpt_cuda.
 # GRADSYNC_EXAMPLES and GRADSYNC_COMPARE point at the trainers and compare_checkpoints elsewhere
 # (scripts/gpu_check.sh: the GPU bundle's).
 set -euo pipefail
@@ -331,5 +331,36 @@ PY
     fi
     grep -q "checkpoint-dir $scratch/a_file is not a folder" "$scratch/refused"
     echo "gpt_ddp killed at step 13 and started again resumed from step 10 and ended byte for byte (ZeRO 0, 1, 3)" ;;
+  mismatched)  # settings that must agree across ranks, compared at the start: a difference is an error on every
+              # rank naming the setting and the ranks, before any step; the program is named once per line
+    one=(mpirun --allow-run-as-root --oversubscribe -np 1)
+    refused() {  # refused OUT TEXT...: the run failed, took no step, and every rank's error has each TEXT
+      local out=$1
+      shift
+      if ! grep -q "the ranks do not hold the same settings" "$out"; then echo "not refused as expected:"; cat "$out"; exit 1; fi
+      for text in "$@"; do grep -qF -- "$text" "$out" || { echo "the error lacks: $text"; cat "$out"; exit 1; }; done
+      if grep -q "^epoch\|^step " "$out"; then echo "steps were taken before the refusal"; cat "$out"; exit 1; fi
+      if grep -q "digits_ddp: digits_ddp:\|gpt_ddp: gpt_ddp:" "$out"; then echo "a doubled prefix"; cat "$out"; exit 1; fi
+    }
+    if "${one[@]}" "$examples/digits_ddp" --batch 60 --epochs 3 : -np 1 "$examples/digits_ddp" --batch 62 --epochs 3 \
+        > "$scratch/batch" 2>&1; then echo "--batch 60 and 62 trained"; exit 1; fi
+    refused "$scratch/batch" "Setting #0 is --batch 60 on rank 0 but --batch 62 on rank 1" \
+      "Setting #0 is --batch 62 on rank 1 but --batch 60 on rank 0"
+    if "${one[@]}" "$examples/digits_ddp" --batch 60 : -np 1 "$examples/digits_ddp" --batch 60 \
+        : -np 1 "$examples/digits_ddp" --batch 30 > "$scratch/three" 2>&1; then echo "--batch 60, 60, 30 trained"; exit 1; fi
+    refused "$scratch/three" "--batch 30 on rank 2"
+    head -c 4000 "$fixtures/gpt_train.bin" > "$scratch/other.bin"
+    if "${one[@]}" "$examples/gpt_ddp" "${gpt_args[@]}" --batch 2 : -np 1 "$examples/gpt_ddp" "${gpt_args[@]}" --batch 2 \
+        --data "$scratch/other.bin" > "$scratch/data" 2>&1; then echo "two data files trained"; exit 1; fi
+    refused "$scratch/data" "--data $(stat -c %s "$fixtures/gpt_train.bin") bytes" "--data 4000 bytes"
+    if "${one[@]}" "$examples/horovod_style" --op sum : -np 1 "$examples/horovod_style" > "$scratch/op" 2>&1; then
+      echo "--op sum and average trained"; exit 1
+    fi
+    refused "$scratch/op" "--op sum on rank 0 but --op average on rank 1"
+    # Progress reaches a file as it is printed: a rank SIGKILLed after step 30 has left its first
+    # epoch's line (22 steps of 64) behind, not lost it in a block buffer.
+    if "$examples/digits_ddp" --kill-rank 0:30 > "$scratch/killed" 2>&1; then echo "--kill-rank 0:30 lived"; exit 1; fi
+    grep -q "^epoch   1/20" "$scratch/killed" || { echo "the killed run's progress was lost"; cat "$scratch/killed"; exit 1; }
+    echo "mismatched settings refused at the start on every rank, naming them; progress survives a kill" ;;
   *) echo "unknown case $case_name" >&2; exit 2 ;;
 esac
