@@ -105,6 +105,21 @@ restart_is_exact() {
     cmp "$scratch/a.safetensors" "$scratch/b.safetensors" && echo "the restarted run's final checkpoint is byte-identical"
 }
 check "a rank SIGKILLed mid-epoch, torchrun --max-restarts 2: the same bytes" restart_is_exact
+gpt_restart_is_exact() {  # the GPT trainer resumes by the same code (examples/common/checkpoints.h)
+  local fixtures=$source/tests/fixtures
+  local common=(--nproc-per-node 2 --no-python "$examples/gpt_ddp" --data "$fixtures/gpt_train.bin" --vocab-size 17
+                --layers 2 --heads 2 --embd 16 --block 8 --init "$fixtures/gpt_init.safetensors" --steps 20 --batch 2
+                --zero 1 --checkpoint-every 5)
+  "${torchrun[@]}" "${common[@]}" --checkpoint-dir "$scratch/gpt_a" --save "$scratch/gpt_a.safetensors" \
+    > "$scratch/gpt_plain" 2>&1 || { cat "$scratch/gpt_plain"; return 1; }
+  "${torchrun[@]}" --max-restarts 2 "${common[@]}" --checkpoint-dir "$scratch/gpt_b" --kill-rank 1:13 \
+    --save "$scratch/gpt_b.safetensors" > "$scratch/gpt_killed" 2>&1 || { cat "$scratch/gpt_killed"; return 1; }
+  grep -v "^W[0-9]\{4\} \|UserWarning\|_conversion_method" "$scratch/gpt_killed" | grep -v "^step " | tail -8
+  grep -q "kills itself after step 13" "$scratch/gpt_killed" &&
+    grep -q "resuming from .*step_10.safetensors" "$scratch/gpt_killed" &&
+    cmp "$scratch/gpt_a.safetensors" "$scratch/gpt_b.safetensors" && echo "the restarted GPT run's checkpoint is byte-identical"
+}
+check "gpt_ddp (ZeRO 1) SIGKILLed at step 13, torchrun --max-restarts 2: the same bytes" gpt_restart_is_exact
 no_restarts_left() {  # without restarts torchrun gives up, and its summary quotes the survivor's error
   # The agent SIGTERMs the other workers as soon as it sees one fail; polling every 5 s (not
   # 0.1 s) it sees both ended: rank 1 killed, rank 0 failed by itself (within milliseconds of its
