@@ -79,7 +79,8 @@ int main(int argc, char** argv) try {
         "  --layers 2 --heads 2 --embd 64 --block 32 --gelu tanh|erf   --init WEIGHTS.safetensors   --seed 1\n"
         "  --batch 4 (sequences per rank per step)   --length T (block)   --microbatches 1   --steps 50\n"
         "  --lr 1e-3 --min-lr 1e-4 --warmup 10 --decay-steps (steps)   --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
-        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --save FILE.safetensors   --resume FILE.safetensors   --quiet\n"
+        "  --clip-norm 1.0 (0: off)   --metrics FILE.jsonl   --quiet\n"
+        "  --save FILE.safetensors (nanoGPT's model loads it strictly; AdamW's state beside it)   --resume FILE.safetensors\n"
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
         "  --zero 0|1|2|3 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too, 3 the\n"
         "    parameters too: each block gathered for its forward and backward; f32)\n"
@@ -415,7 +416,17 @@ int main(int argc, char** argv) try {
   }
   if (!save.empty()) {
     const examples::OptimizerCheckpoint state = optimizer_state();
-    if (comm->rank() == 0) examples::save_checkpoint(save, registry, state, progress);
+    // nanoGPT's model takes the file with load_state_dict(strict=True): its lm_head.weight (tied to
+    // the token embedding) is written too, the model's config rides in the metadata, and AdamW's
+    // state is in the file beside it that this one names (--resume reads both).
+    examples::ModelFile model_file;
+    model_file.extra.push_back({"lm_head.weight", registry.at("transformer.wte.weight").value()});
+    model_file.metadata["config"] = "{\"n_layer\": " + std::to_string(config.layers) + ", \"n_head\": " +
+                                    std::to_string(config.heads) + ", \"n_embd\": " + std::to_string(config.embd) +
+                                    ", \"block_size\": " + std::to_string(config.block) + ", \"vocab_size\": " +
+                                    std::to_string(config.vocab) + ", \"bias\": true, \"dropout\": 0.0, \"gelu\": \"" +
+                                    gelu + "\"}";
+    if (comm->rank() == 0) examples::save_checkpoint(save, registry, state, progress, nullptr, &model_file);
   }
   return 0;
 } catch (const std::exception& error) {

@@ -8,30 +8,87 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gradsync/io/checksum.h"
 #include "gradsync/io/registry_checkpoint.h"
 
 namespace gradsync::examples {
 
+namespace {
+
+// The model file's pointer to its optimizer file: that file's XXH64, from which its name follows
+// (<stem>.optimizer-<xxh64>.safetensors): not the name itself, so that two saves of one state
+// under two names are the same bytes.
+constexpr const char* kOptimizerXxh64 = "checkpoint.optimizer_xxh64";
+
+// <stem>.optimizer-<id>.safetensors beside the model file.
+std::filesystem::path optimizer_file(const std::filesystem::path& model, const std::string& id) {
+  return model.parent_path() / (model.stem().string() + ".optimizer-" + id + ".safetensors");
+}
+
+
+}  // namespace
+
 void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
-                     const Progress& progress, const optim::GradScaler* scaler) {
-  std::vector<io::NamedTensor> tensors;
-  for (const Parameter& parameter : registry) tensors.push_back({parameter.name(), parameter.value()});
-  for (const io::NamedTensor& state : optimizer.tensors) tensors.push_back(state);
+                     const Progress& progress, const optim::GradScaler* scaler, const ModelFile* model_file) {
+  io::Metadata progress_metadata{{"epoch", std::to_string(progress.epoch)},
+                                 {"step_in_epoch", std::to_string(progress.step_in_epoch)},
+                                 {"global_step", std::to_string(progress.global_step)},
+                                 {"global_batch", std::to_string(progress.global_batch)}};
+  std::vector<io::NamedTensor> weights;
+  for (const Parameter& parameter : registry) weights.push_back({parameter.name(), parameter.value()});
   io::Metadata metadata = optimizer.metadata;
-  metadata["epoch"] = std::to_string(progress.epoch);
-  metadata["step_in_epoch"] = std::to_string(progress.step_in_epoch);
-  metadata["global_step"] = std::to_string(progress.global_step);
-  metadata["global_batch"] = std::to_string(progress.global_batch);
+  metadata.merge(io::Metadata(progress_metadata));
   if (scaler != nullptr) metadata.merge(scaler->state_metadata());
-  io::save_safetensors(path, tensors, metadata);
+  if (model_file == nullptr) {  // one file
+    for (const io::NamedTensor& state : optimizer.tensors) weights.push_back(state);
+    io::save_safetensors(path, weights, metadata);
+    return;
+  }
+  namespace fs = std::filesystem;
+  // The optimizer file is named by its own checksum: the same state is the same name (two runs
+  // that end alike write the same bytes), and no save overwrites the file an older model file names.
+  const fs::path partial = optimizer_file(path, "partial");
+  io::save_safetensors(partial, optimizer.tensors, metadata);
+  const std::string id = io::hex_digest(io::checksum_file(partial).xxh64);
+  const fs::path beside = optimizer_file(path, id);
+  fs::rename(partial, beside);
+  for (const io::NamedTensor& extra : model_file->extra) weights.push_back(extra);
+  io::Metadata model_metadata = model_file->metadata;
+  model_metadata.merge(progress_metadata);
+  model_metadata[kOptimizerXxh64] = id;
+  io::save_safetensors(path, weights, model_metadata);
+  // The previous saves' optimizer files are no longer named: removed.
+  const std::string prefix = fs::path(path).stem().string() + ".optimizer-";
+  for (const fs::directory_entry& entry : fs::directory_iterator(beside.parent_path().empty() ? "." : beside.parent_path())) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(prefix) && name.ends_with(".safetensors") && name != beside.filename().string()) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
 }
 
 Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
                          optim::GradScaler* scaler) {
+  // The optimizer's file: this one, or the one it names (checked to be of the same save).
+  const io::SafetensorsReader file(path);
+  std::string optimizer_path = path;
+  if (file.metadata().contains(kOptimizerXxh64)) {
+    const std::string id = file.metadata().at(kOptimizerXxh64);
+    GRADSYNC_CHECK(id.size() == 16 && id.find_first_not_of("0123456789abcdef") == std::string::npos, path, ": '",
+                   kOptimizerXxh64, "' is '", id, "', not 16 lowercase hex digits");
+    optimizer_path = optimizer_file(path, id).string();
+    GRADSYNC_CHECK(std::filesystem::exists(optimizer_path), path, " keeps its optimizer state in ", optimizer_path,
+                   ", which is not there (copy or rename the two files together)");
+    // Named by its checksum: a file that is not the one saved with this model file is found.
+    GRADSYNC_CHECK(io::hex_digest(io::checksum_file(optimizer_path).xxh64) == id, optimizer_path,
+                   " is not the optimizer state saved with ", path, " (its XXH64 differs)");
+  }
   // Both loads validate everything before they change anything; the weights first.
   const io::Metadata metadata = io::load_registry(registry, path, {.load_grads = false, .allow_extra_tensors = true});
-  optimizer.load_state(io::SafetensorsReader(path));
-  if (scaler != nullptr && metadata.contains("grad_scaler.scale")) scaler->load_state(metadata);
+  const io::SafetensorsReader state(optimizer_path);
+  optimizer.load_state(state);
+  if (scaler != nullptr && state.metadata().contains("grad_scaler.scale")) scaler->load_state(state.metadata());
   Progress progress;
   try {
     progress.epoch = std::stoi(metadata.at("epoch"));

@@ -32,8 +32,22 @@ struct OptimizerCheckpoint {
   std::vector<io::NamedTensor> tensors;
   io::Metadata metadata;
 };
+//
+// A model file a framework loads as it is (the GPT's --save: nanoGPT's model takes it with
+// load_state_dict(strict=True)): the weights and `extra` (tensors that model has beyond the
+// registry's, such as nanoGPT's tied lm_head.weight) alone in the file, with `metadata` (its
+// config) and the progress; the optimizer state beside it in <stem>.optimizer-<xxh64>.safetensors,
+// named by its own checksum, which the model file records. The optimizer file is written first
+// under its new name, then the model file replaced atomically, then the previous optimizer file
+// removed: a crash at any point leaves a model file and the optimizer file it names, both whole.
+struct ModelFile {
+  std::vector<io::NamedTensor> extra;
+  io::Metadata metadata;
+};
 void save_checkpoint(const std::string& path, const ParameterRegistry& registry, const OptimizerCheckpoint& optimizer,
-                     const Progress& progress, const optim::GradScaler* scaler = nullptr);
+                     const Progress& progress, const optim::GradScaler* scaler = nullptr,
+                     const ModelFile* model_file = nullptr);
+// Either form; the optimizer state from the file the model file names when it names one.
 Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, optim::Optimizer& optimizer,
                          optim::GradScaler* scaler = nullptr);
 // The checkpoint a folder's `latest` names; empty when the folder has none yet.

@@ -151,6 +151,15 @@ PY
     [[ $(sed -n '/^sample:$/{n;p}' "$scratch/end.txt" | wc -w) == 20 ]]
     # Interrupted at step 7 and resumed (weights, AdamW's state, the step; ZeRO 1's consolidated).
     resume_matches gpt_ddp 7 20 "${args[@]}" --batch 2 --zero 1
+    # --save is nanoGPT's model as PyTorch loads it (strict), AdamW's state in the file beside it
+    # that it names (skipped without Debian's torch and safetensors).
+    ls "$scratch"/one.optimizer-*.safetensors > /dev/null
+    /usr/bin/python3 "$source/tests/reference/check_gpt_nanogpt_load.py" "$scratch/one.safetensors" || [[ $? == 77 ]]
+    # A model file whose optimizer file is missing, or not the one saved with it, is refused.
+    cp "$scratch/one.safetensors" "$scratch/lonely.safetensors"
+    if "$examples/gpt_ddp" "${args[@]}" --steps 21 --batch 4 --backend gloo --resume "$scratch/lonely.safetensors" \
+         > "$scratch/refused" 2>&1; then echo "a model file without its optimizer file resumed"; exit 1; fi
+    grep -q "keeps its optimizer state in .*lonely.optimizer-.*, which is not there" "$scratch/refused"
     echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2, every sync strategy and bf16 included;" \
       "uneven runs end alike under ZeRO 0-3; a resumed run is byte for byte" ;;
   gpt_cuda)  # the gpt case's 20 steps with the model on a GPU (examples/gpt/gpt_kernels.cu), against the
