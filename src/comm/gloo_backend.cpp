@@ -160,7 +160,28 @@ class GlooBackend final : public Backend {
     }
   }
 
-  std::string explain(const std::string& message) const override { return peers_.explain(message, *this); }
+  // A lost connection: first this rank says, in the rendezvous store, that it is leaving after a
+  // failure of its own (before it exits and its connections close), so that a peer that finds
+  // several connections closed can tell the rank that died from those that followed; then the
+  // peers' markers are read the same way. Best effort: a store that is gone (rank 0 died) is
+  // skipped, each look bounded.
+  std::string explain(const std::string& message) const override {
+    if (!PeerDirectory::lost_connection(message)) return peers_.explain(message, *this);
+    const auto key = [](int world_rank) { return "gradsync/left-after-failing/" + std::to_string(world_rank); };
+    try {
+      rendezvous_.store->set(key(world_rank(rank())), {'1'});
+    } catch (const std::exception&) {
+      return peers_.explain(message, *this);
+    }
+    return peers_.explain(message, *this, [&](int peer) {
+      try {
+        rendezvous_.store->wait({key(world_rank(peer))}, std::chrono::milliseconds(100));
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    });
+  }
 
  private:
   // Calls fn((E*)nullptr) with an element type of the dtype's size; Gloo only moves bytes.
@@ -200,8 +221,9 @@ class GlooBackend final : public Backend {
         waiting_ = nullptr;
       }
       // Gloo's own words ("Timed out waiting 15000ms for recv operation to complete") do not
-      // say whom it waited for; `what` does.
-      detail::throw_error(what, ": ", error.what());
+      // say whom it waited for; `what` does. (A plain exception: the engine's error that wraps
+      // it says the rank once.)
+      throw std::runtime_error(what + ": " + error.what());
     }
     std::lock_guard<std::mutex> lock(abort_mutex_);
     waiting_ = nullptr;

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/environment.h"
 #include "socket_address.h"
 
 namespace gradsync::comm {
@@ -110,9 +111,14 @@ std::string PeerDirectory::address_text(const sockaddr_storage& address) {
 // bookkeeping, which does not always match the kernel's addresses (and so can point at the
 // wrong rank). First ask the kernel: which peer's connection, recorded at rendezvous, is now
 // closed or gone? When exactly one is, that is the peer. Else fall back to the addresses.
-std::string PeerDirectory::explain(const std::string& message, const Backend& backend) const {
+bool PeerDirectory::lost_connection(const std::string& message) {
+  return message.find("closed") != std::string::npos || message.find("reset") != std::string::npos;
+}
+
+std::string PeerDirectory::explain(const std::string& message, const Backend& backend,
+                                   const std::function<bool(int)>& left) const {
   std::set<int> vanished;
-  if (message.find("closed") != std::string::npos || message.find("reset") != std::string::npos) {
+  if (lost_connection(message)) {
     const auto gone = [this](int fd, const Connection& connection) {
       sockaddr_storage remote{};
       socklen_t length = sizeof remote;
@@ -152,18 +158,30 @@ std::string PeerDirectory::explain(const std::string& message, const Backend& ba
       return message + " (the connection to " + peer + " is closed: the peer is " + peer + ")";
     }
     // Several: one died, and the others failed because of it and left too (a ring waits on its
-    // neighbour, which is not the rank that died). Name them all: blaming only the one whose
+    // neighbour, which is not the rank that died). A rank that fails says so in the rendezvous
+    // store before it leaves (GlooBackend::explain); those that did not say so are the ones that
+    // died. Name them; when that cannot be told, name every one: blaming only the one whose
     // address Gloo printed would send the reader to a rank that merely followed.
     if (vanished.size() > 1) {
-      const std::vector<int> peers(vanished.begin(), vanished.end());
-      std::string ranks;
-      for (std::size_t i = 0; i < peers.size(); ++i) {
-        if (i > 0) ranks += i + 1 == peers.size() ? " and " : ", ";
-        ranks += backend.rank_name(peers[i]);
+      const auto names = [&](const std::vector<int>& peers) {
+        std::string ranks;
+        for (std::size_t i = 0; i < peers.size(); ++i) {
+          if (i > 0) ranks += i + 1 == peers.size() ? " and " : ", ";
+          ranks += backend.rank_name(peers[i]);
+        }
+        return ranks;
+      };
+      std::vector<int> died, followed;
+      for (const int peer : vanished) (left && left(peer) ? followed : died).push_back(peer);
+      if (!died.empty() && !followed.empty()) {
+        return message + " (the connections to " + names(died) + " and " + names(followed) + " are closed: " +
+               names(died) + " died; " + names(followed) + " left after failing because of it)";
       }
-      return message + " (the connections to " + ranks +
-             " are closed: one of them died and the others left after failing; their flight records say which "
-             "went first)";
+      const bool recorded = environment::flight_recorder_dir().has_value();
+      return message + " (the connections to " + names(died.empty() ? followed : died) +
+             " are closed: one of them died and the others left after failing; " +
+             (recorded ? "their flight records say which went first)"
+                       : "the first error in their output names the one that died)");
     }
   }
   for (std::size_t peer = 0; peer < peer_addresses_.size(); ++peer) {

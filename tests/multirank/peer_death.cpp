@@ -19,6 +19,10 @@
 //     hierarchical          (4 ranks on 2 simulated nodes, hierarchical allreduce forced) the last
 //                           rank dies in one of the allreduces: inside a node, across nodes, or
 //                           waiting on a rank that failed because of it
+//     died-and-followed     (3 ranks) the last rank dies while rank 1 waits for a message from it;
+//                           rank 1 fails and leaves; rank 0, busy meanwhile, then finds both
+//                           connections closed and must say which rank died (rank 1 said in the
+//                           store that it left after failing) rather than "one of them died"
 //   (In both duplicates the survivors fail in the collective check that precedes the meeting, over
 //   the old connections. A store client whose server dies while it waits is tested in
 //   test_store.cpp, Store.AClientFailsPromptlyWhenTheServerDies.)
@@ -96,6 +100,14 @@ int main(int argc, char** argv) {
         Tensor value = Tensor::from_vector(std::vector<float>(1 << 18, 1.0f), {1 << 18});
         comm->allreduce(value, comm::ReduceOp::sum);
       }
+    } else if (phase == "died-and-followed") {
+      Tensor message = Tensor::zeros({16}, DType::f32);
+      if (comm->rank() == victim) die();
+      if (comm->rank() == 1) comm->recv(message, victim);
+      if (comm->rank() == 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // busy while rank 2 dies and rank 1 leaves
+        comm->recv(message, 1);
+      }
     } else if (phase == "duplicate" || phase == "duplicate-rank0") {
       if (comm->rank() == victim) die();
       auto duplicate = comm->duplicate();
@@ -111,7 +123,8 @@ int main(int argc, char** argv) {
     std::printf("rank %d failed after %.2f s: %s\n", comm->rank(), seconds, message.c_str());
     std::fflush(stdout);
     const std::string name = (by_world_rank ? "world rank " : "rank ") + std::to_string(victim);
-    const bool named = message.find(name) != std::string::npos;
+    bool named = message.find(name) != std::string::npos;
+    if (phase == "died-and-followed" && comm->rank() == 0) named = named && message.find(name + " died") != std::string::npos;
     if (!named) std::fprintf(stderr, "rank %d: the error does not name %s\n", comm->rank(), name.c_str());
     return named ? 0 : 1;
   }
