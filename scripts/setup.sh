@@ -20,7 +20,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 packages=(meson ninja-build pkg-config cmake g++ libeigen3-dev nlohmann-json3-dev libgtest-dev
           libopenmpi-dev openmpi-bin libgloo-dev python3 clang libclang-rt-14-dev libopenblas-dev doxygen)
 if [[ "${1:-}" == "--with-reference" ]]; then
-  packages+=(python3-torch python3-numpy python3-pip python3-venv)
+  # matplotlib: scripts/plot_metrics.sh, which the documented GPT run's test runs as written.
+  packages+=(python3-torch python3-numpy python3-pip python3-venv python3-matplotlib)
 fi
 
 source scripts/install_packages.sh
