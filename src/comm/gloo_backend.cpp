@@ -9,7 +9,10 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <cstring>
+#include <future>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "algorithms/ring_reduce_scatter.h"
 #include "backend.h"
@@ -160,30 +163,84 @@ class GlooBackend final : public Backend {
     }
   }
 
-  // A lost connection: first this rank says, in the rendezvous store, that it is leaving after a
-  // failure of its own (before it exits and its connections close), so that a peer that finds
-  // several connections closed can tell the rank that died from those that followed; then the
-  // peers' markers are read the same way. Best effort: a store that is gone (rank 0 died) is
-  // skipped, each look bounded.
+  // Explaining a failure with what the other ranks said about theirs. Gloo names neither the
+  // rank that died when several connections closed, nor the rank it waited for when it timed
+  // out; each rank that fails records its failure in the rendezvous store (before it exits and
+  // its connections close) and reads the others':
+  //  * a lost connection: of several peers whose connections are closed, the ones that did not
+  //    record "left after failing" are the ones that died;
+  //  * a timeout: the ranks waiting in one collective time out at about the same moment, and the
+  //    rank they wait for (stopped, or stuck elsewhere) does not: after a moment (a quarter of
+  //    the timeout, at most 5 s) the peers that recorded no timeout are named.
+  // Best effort, and bounded whatever the store does (store_markers).
   std::string explain(const std::string& message) const override {
-    if (!PeerDirectory::lost_connection(message)) return peers_.explain(message, *this);
-    const auto key = [](int world_rank) { return "gradsync/left-after-failing/" + std::to_string(world_rank); };
-    try {
-      rendezvous_.store->set(key(world_rank(rank())), {'1'});
-    } catch (const std::exception&) {
-      return peers_.explain(message, *this);
+    const bool timed_out = message.find("Timed out") != std::string::npos;
+    const bool lost = PeerDirectory::lost_connection(message);
+    if (!timed_out && !lost) return peers_.explain(message, *this);
+    const std::string kind = timed_out ? "gradsync/timed-out/" : "gradsync/left-after-failing/";
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(kind + std::to_string(world_rank(r)));
+    const auto grace = timed_out ? std::min<std::chrono::milliseconds>(std::chrono::milliseconds(5000), timeout_ / 4)
+                                 : std::chrono::milliseconds(0);
+    const std::optional<std::vector<bool>> recorded = store_markers(rendezvous_.store, keys, rank(), grace);
+    if (lost) {
+      return peers_.explain(message, *this,
+                            [&](int peer) { return recorded && (*recorded)[static_cast<std::size_t>(peer)]; });
     }
-    return peers_.explain(message, *this, [&](int peer) {
-      try {
-        rendezvous_.store->wait({key(world_rank(peer))}, std::chrono::milliseconds(100));
-        return true;
-      } catch (const std::exception&) {
-        return false;
-      }
-    });
+    const std::string explained = peers_.explain(message, *this);
+    if (!recorded) return explained;
+    std::vector<int> silent;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer != rank() && !(*recorded)[static_cast<std::size_t>(peer)]) silent.push_back(peer);
+    }
+    if (silent.empty()) return explained + " (every other rank timed out too)";
+    std::string ranks;
+    for (std::size_t i = 0; i < silent.size() && i < 8; ++i) ranks += (i > 0 ? ", " : "") + rank_name(silent[i]);
+    if (silent.size() > 8) ranks += " and " + std::to_string(silent.size() - 8) + " more";
+    return explained + " (" + ranks + " did not time out: stopped, stuck elsewhere or slower than the others, the " +
+           "likeliest cause)";
   }
 
  private:
+  // Records keys[me] in `store`, then which of the other keys are there: each looked for until
+  // `grace` has passed, then once more. On a thread of its own, waited for at most grace + 2 s: a
+  // store whose server is stopped (not gone) would otherwise hold this rank for the store's own
+  // timeout. nullopt when the store did not answer in time, or failed. The thread holds the store
+  // (shared), not this backend, which may be gone before it ends.
+  static std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                        std::vector<std::string> keys, int me,
+                                                        std::chrono::milliseconds grace) {
+    using Clock = std::chrono::steady_clock;
+    auto result = std::make_shared<std::promise<std::vector<bool>>>();
+    std::future<std::vector<bool>> answer = result->get_future();
+    std::thread([store, keys, me, grace, result] {
+      try {
+        store->set(keys[static_cast<std::size_t>(me)], {'1'});
+        const auto deadline = Clock::now() + grace;
+        std::vector<bool> present(keys.size(), false);
+        present[static_cast<std::size_t>(me)] = true;
+        for (std::size_t k = 0; k < keys.size(); ++k) {
+          if (present[k]) continue;
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+          try {
+            store->wait({keys[k]}, std::max(left, std::chrono::milliseconds(1)));
+            present[k] = true;
+          } catch (const std::exception&) {
+          }
+        }
+        result->set_value(std::move(present));
+      } catch (...) {
+        result->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (answer.wait_for(grace + std::chrono::seconds(2)) != std::future_status::ready) return std::nullopt;
+    try {
+      return answer.get();
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
   // Calls fn((E*)nullptr) with an element type of the dtype's size; Gloo only moves bytes.
   template <typename Fn>
   static void with_element_type(DType dtype, Fn&& fn) {

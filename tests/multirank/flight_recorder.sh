@@ -48,6 +48,11 @@ for fault in "${faults[@]}"; do
   wait "${pids[2]}" 2>/dev/null || true
   for rank in 0 1; do grep -q "flight record: $dir/rank$rank.json" "$dir/out$rank.txt" ||
     { echo "FAIL ($fault): rank $rank's error does not say where its record is"; cat "$dir/out$rank.txt"; exit 1; }
+    # Gloo's "Timed out waiting ...ms for recv" names nobody; the ranks that timed out together
+    # name the one that did not.
+    if [[ $fault == stopped ]] && ! grep -q "rank 2 did not time out: stopped, stuck elsewhere" "$dir/out$rank.txt"; then
+      echo "FAIL ($fault): rank $rank's timeout does not name rank 2"; cat "$dir/out$rank.txt"; exit 1
+    fi
   done
   python3 "$source/scripts/flight_report.py" "$dir" --world 3 | tee "$dir/report.txt"
   case $fault in
