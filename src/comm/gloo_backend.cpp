@@ -184,8 +184,7 @@ class GlooBackend final : public Backend {
                                  : std::chrono::milliseconds(0);
     const std::optional<std::vector<bool>> recorded = store_markers(rendezvous_.store, keys, rank(), grace);
     if (lost) {
-      return peers_.explain(message, *this,
-                            [&](int peer) { return recorded && (*recorded)[static_cast<std::size_t>(peer)]; });
+      return peers_.explain(message, *this, recorded ? &*recorded : nullptr);
     }
     const std::string explained = peers_.explain(message, *this);
     if (!recorded) return explained;

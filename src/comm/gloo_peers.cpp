@@ -116,7 +116,7 @@ bool PeerDirectory::lost_connection(const std::string& message) {
 }
 
 std::string PeerDirectory::explain(const std::string& message, const Backend& backend,
-                                   const std::function<bool(int)>& left) const {
+                                   const std::vector<bool>* left) const {
   std::set<int> vanished;
   if (lost_connection(message)) {
     const auto gone = [this](int fd, const Connection& connection) {
@@ -171,15 +171,16 @@ std::string PeerDirectory::explain(const std::string& message, const Backend& ba
         }
         return ranks;
       };
+      const std::vector<int> all(vanished.begin(), vanished.end());
       std::vector<int> died, followed;
-      for (const int peer : vanished) (left && left(peer) ? followed : died).push_back(peer);
-      if (!died.empty() && !followed.empty()) {
-        return message + " (the connections to " + names(died) + " and " + names(followed) + " are closed: " +
-               names(died) + " died; " + names(followed) + " left after failing because of it)";
+      for (const int peer : all) (left != nullptr && (*left)[static_cast<std::size_t>(peer)] ? followed : died).push_back(peer);
+      if (left != nullptr && !died.empty()) {  // what each said before it left
+        return message + " (the connections to " + names(all) + " are closed: " + names(died) + " died" +
+               (followed.empty() ? "" : "; " + names(followed) + " left after failing because of it") + ")";
       }
       const bool recorded = environment::flight_recorder_dir().has_value();
-      return message + " (the connections to " + names(died.empty() ? followed : died) +
-             " are closed: one of them died and the others left after failing; " +
+      return message + " (the connections to " + names(all) + " are closed: one of them died and the others left " +
+             "after failing; " +
              (recorded ? "their flight records say which went first)"
                        : "the first error in their output names the one that died)");
     }

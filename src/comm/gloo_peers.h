@@ -8,7 +8,6 @@
 #include <gloo/context.h>
 #include <sys/socket.h>
 
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,11 +21,11 @@ class PeerDirectory {
   // Collective over `backend` (two allgathers and an allgatherv on its context).
   void learn(gloo::Context& context, Backend& backend);
   // `message` with the rank it is about appended, when the directory can tell, named as
-  // `backend` names its ranks (a group's rank with its world rank). `left(r)`: whether rank r
+  // `backend` names its ranks (a group's rank with its world rank). `left[r]`: whether rank r
   // said it was leaving after a failure of its own (so, of several closed connections, the ones
-  // that did not are the ranks that died).
+  // that did not are the ranks that died); null when that is not known.
   std::string explain(const std::string& message, const Backend& backend,
-                      const std::function<bool(int)>& left = {}) const;
+                      const std::vector<bool>* left = nullptr) const;
   // Whether `message` is a lost connection (closed or reset by the peer).
   static bool lost_connection(const std::string& message);
 
