@@ -151,6 +151,10 @@ PY
     [[ $(sed -n '/^sample:$/{n;p}' "$scratch/end.txt" | wc -w) == 20 ]]
     # Interrupted at step 7 and resumed (weights, AdamW's state, the step; ZeRO 1's consolidated).
     resume_matches gpt_ddp 7 20 "${args[@]}" --batch 2 --zero 1
+    # The metrics carry each step's learning rate, and the gradient norm with clipping off too.
+    "$examples/gpt_ddp" "${args[@]}" --steps 3 --batch 4 --backend gloo --clip-norm 0 --metrics "$scratch/noclip.jsonl"
+    [[ $(grep -c '"grad_norm": [0-9]' "$scratch/noclip.jsonl") == 3 && $(grep -c '"lr": [0-9]' "$scratch/noclip.jsonl") == 3 ]]
+    grep -q '"loss": [0-9]\.[0-9]\{7,\}' "$scratch/noclip.jsonl"  # more than 6 decimals
     # --save is nanoGPT's model as PyTorch loads it (strict), AdamW's state in the file beside it
     # that it names (skipped without Debian's torch and safetensors).
     ls "$scratch"/one.optimizer-*.safetensors > /dev/null
