@@ -383,6 +383,26 @@ std::vector<NamedTensor> SafetensorsReader::read_all() const {
   return all;
 }
 
+Tensor SafetensorsReader::read_range(std::string_view name, std::int64_t first, std::int64_t count,
+                                     std::optional<DType> dtype) const {
+  const TensorInfo* info = find(name);
+  GRADSYNC_CHECK(info != nullptr, "safetensors file '", path_.string(), "' has no tensor named '", name, "'");
+  GRADSYNC_CHECK(info->dtype.has_value(), "safetensors file '", path_.string(), "': tensor '", info->name, "' is ",
+                 info->stored_dtype, ", which gradsync does not handle (it handles F32, F64, F16, BF16, I32, I64)");
+  const std::int64_t numel = shape_numel(info->shape);
+  GRADSYNC_CHECK(first >= 0 && count >= 0 && first <= numel && count <= numel - first, "safetensors file '",
+                 path_.string(), "': elements ", first, "..", first + count, " of tensor '", info->name, "' are not ",
+                 "inside its ", numel, " elements");
+  Tensor piece = Tensor::empty({count}, *info->dtype);
+  if (count > 0) {
+    FileDescriptor file(path_);
+    const std::size_t element = dtype_size(*info->dtype);
+    read_at(file.get(), path_, data_start_ + info->data_begin + static_cast<std::size_t>(first) * element, piece.data(),
+            piece.nbytes());
+  }
+  return dtype && *dtype != *info->dtype ? piece.to(*dtype) : piece;
+}
+
 Tensor SafetensorsReader::read_tensor(int file, const TensorInfo& info) const {
   GRADSYNC_CHECK(info.dtype.has_value(), "safetensors file '", path_.string(), "': tensor '", info.name, "' is ",
                  info.stored_dtype, ", which gradsync does not handle (it handles F32, F64, F16, BF16, I32, I64)");

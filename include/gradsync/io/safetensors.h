@@ -72,6 +72,13 @@ class SafetensorsReader {
   Tensor read(std::string_view name) const;
   // Reads every tensor.
   std::vector<NamedTensor> read_all() const;
+  // Reads elements [first, first + count) of tensor `name` (its elements in row-major order)
+  // into a new CPU tensor of shape {count}: only those bytes are read from the file, so a rank
+  // takes its piece of a tensor it never holds whole. `dtype`: converted on the way in (a bf16
+  // file into f32 masters; nearest even when narrowing); unset: the file's. Errors name the file
+  // and the tensor: absent, a dtype gradsync does not handle, a range outside the tensor.
+  Tensor read_range(std::string_view name, std::int64_t first, std::int64_t count,
+                    std::optional<DType> dtype = std::nullopt) const;
 
   // The largest header we accept, as the reference library does (100 MB).
   static constexpr std::size_t kMaxHeaderBytes = 100'000'000;
