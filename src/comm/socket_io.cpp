@@ -49,14 +49,26 @@ int connect_tcp(const std::string& host, int port, std::chrono::milliseconds tim
   return connected;
 }
 
+namespace {
+
+// Some of n bytes, waiting for them only as long as `deadline` leaves: how many arrived, 0 at the
+// end of the stream, -1 on an error or at the deadline. Both reads below are loops over it.
+ssize_t receive_some(int fd, char* data, std::size_t n, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !readable_within(fd, left)) return -1;
+    const ssize_t got = ::recv(fd, data, n, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    return got;
+  }
+}
+
+}  // namespace
+
 bool read_exact(int fd, void* data, std::size_t n, std::chrono::steady_clock::time_point deadline) {
   auto* bytes = static_cast<char*>(data);
   while (n > 0) {
-    // Wait for bytes only as long as the whole read has left.
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || !readable_within(fd, left)) return false;
-    const ssize_t got = ::recv(fd, bytes, n, MSG_DONTWAIT);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    const ssize_t got = receive_some(fd, bytes, n, deadline);
     if (got <= 0) return false;
     bytes += got;
     n -= static_cast<std::size_t>(got);
@@ -70,10 +82,7 @@ bool read_value(int fd, std::vector<char>& value, std::size_t length, std::chron
   std::size_t have = 0;
   while (have < length) {
     if (value.size() == have) value.resize(have + std::min(kStep, length - have));  // room for the next MiB
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || !readable_within(fd, left)) break;
-    const ssize_t got = ::recv(fd, value.data() + have, value.size() - have, MSG_DONTWAIT);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    const ssize_t got = receive_some(fd, value.data() + have, value.size() - have, deadline);
     if (got <= 0) break;
     have += static_cast<std::size_t>(got);
   }
