@@ -99,6 +99,22 @@ void host_release_zero(void* data, std::size_t nbytes) {
                  "giving back ", inner_end - inner_begin, " bytes of paged host memory failed: ", std::strerror(errno));
 }
 
+void host_small_pages_around(void* data, std::size_t nbytes, std::size_t at) noexcept {
+#if defined(MADV_NOHUGEPAGE)
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t point = begin + at;
+  if (at == 0 || at >= nbytes || point % kHugePage == 0) return;  // no window is cut there
+  // The window, kept inside the buffer's pages (all of them mapped).
+  const std::uintptr_t low = std::max(point / kHugePage * kHugePage, begin / page * page);
+  const std::uintptr_t high = std::min(low / kHugePage * kHugePage + kHugePage, (begin + nbytes + page - 1) / page * page);
+  madvise(reinterpret_cast<void*>(low), high - low, MADV_NOHUGEPAGE);  // advice only: failure is harmless
+#else
+  (void)data, (void)nbytes, (void)at;
+#endif
+}
+
 }  // namespace detail
 
 #if GRADSYNC_WITH_CUDA

@@ -12,6 +12,7 @@
 #include "gradsync/optim/clip.h"
 #include "zero_checkpoint.h"
 #include "zero_join.h"
+#include "zero_model.h"
 #include "zero_shards.h"
 #include "zero_units.h"
 
@@ -128,6 +129,30 @@ const std::vector<std::vector<optim::Optimizer::ElementRange>>& ZeroOptimizer::s
   return impl_->shards.layout().ranges;
 }
 std::int64_t ZeroOptimizer::state_bytes() const { return impl_->optimizer.state_bytes(); }
+
+// ---- The model piece by piece (zero_model.cpp), once the gathers have landed ----------------------
+
+void ZeroOptimizer::initialize(const std::function<init::Rule(const Parameter&)>& rule_of, std::uint64_t seed) {
+  impl_->shards.wait_all();
+  if (impl_->units) impl_->units->release_all();  // a gathered unit's other pieces would be stale
+  zero_model::initialize(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), rule_of, seed);
+}
+
+void ZeroOptimizer::load_model(const std::filesystem::path& model) {
+  impl_->shards.wait_all();
+  if (impl_->units) impl_->units->release_all();
+  zero_model::load(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), model);
+}
+
+void ZeroOptimizer::save_model(const std::filesystem::path& path, const io::Metadata& metadata) {
+  impl_->shards.wait_all();
+  zero_model::save(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), path, metadata);
+}
+
+std::uint64_t ZeroOptimizer::model_checksum() {
+  impl_->shards.wait_all();
+  return zero_model::checksum(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout());
+}
 
 // ---- Checkpoints (zero_checkpoint.cpp), once the gathers have landed -----------------------------
 

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "core/device_memory.h"
+
 namespace gradsync::dist {
 
 ZeroUnits::ZeroUnits(ZeroShards& shards, const Reducer& reducer, const std::vector<std::vector<Parameter*>>& declared,
@@ -22,6 +24,16 @@ ZeroUnits::ZeroUnits(ZeroShards& shards, const Reducer& reducer, const std::vect
         "it is in unit " + std::to_string(u) + " (" + names + "), which is released (ZeRO stage 3): gather(" +
         std::to_string(u) + ") first");
     unit_of_bucket_[unit.bucket] = u;
+    // Where this rank's piece begins and ends inside a huge page, 4 KiB pages there: writing the
+    // piece (initialize, load_model, a step) must not commit the neighbours' part of the window.
+    const Tensor values = shards_.bucket_values(unit.bucket);
+    const BucketShard& piece = shards_.piece(unit.bucket);
+    if (values.device().is_cpu()) {
+      const std::size_t element = dtype_size(values.dtype());
+      for (const std::int64_t edge : {piece.begin, piece.begin + piece.count}) {
+        detail::host_small_pages_around(values.data(), values.nbytes(), static_cast<std::size_t>(edge) * element);
+      }
+    }
     units_.push_back(std::move(unit));
   }
   release_all();

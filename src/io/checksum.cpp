@@ -6,11 +6,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
+#include "core/hashing.h"
+#include "core/parallel.h"
 #include "gradsync/core/error.h"
 
 namespace gradsync::io {
@@ -142,6 +145,33 @@ std::string hex_digest(std::uint64_t digest) {
   std::string text(16, '0');
   for (int k = 15; k >= 0; --k, digest >>= 4) text[static_cast<std::size_t>(k)] = kDigits[digest & 15];
   return text;
+}
+
+std::uint64_t piece_checksum(std::string_view name, std::int64_t first, const Tensor& piece) {
+  GRADSYNC_CHECK(first >= 0, "piece_checksum: '", name, "': first element ", first, " is negative");
+  const Tensor host = piece.device().is_cpu() ? piece : piece.to(Device::cpu());
+  const std::uint64_t key = hashing::name_hash(name);
+  const std::size_t width = dtype_size(host.dtype());
+  const auto* bytes = static_cast<const unsigned char*>(host.data());
+  // Sums of disjoint chunks, added in any order: addition mod 2^64 is exact, so the result does
+  // not depend on the threads.
+  std::vector<std::uint64_t> partial(64, 0);
+  const std::int64_t n = host.numel();
+  const std::int64_t chunk = std::max<std::int64_t>(1 << 16, (n + 63) / 64);
+  parallel::for_each_task((n + chunk - 1) / chunk, [&](std::int64_t task) {
+    const std::int64_t begin = task * chunk, end = std::min(n, begin + chunk);
+    std::uint64_t sum = 0;
+    for (std::int64_t k = begin; k < end; ++k) {
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, bytes + static_cast<std::size_t>(k) * width, width);  // little-endian, zero-extended
+      const auto i = static_cast<std::uint64_t>(first + k);
+      sum += hashing::mix((key + i * hashing::kGolden) ^ (bits * 0xD6E8FEB86659FD93ull));
+    }
+    partial[static_cast<std::size_t>(task)] = sum;
+  });
+  std::uint64_t total = 0;
+  for (const std::uint64_t sum : partial) total += sum;
+  return total;
 }
 
 }  // namespace gradsync::io

@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "atomic_file.h"
 #include "json_brief.h"
 
 namespace gradsync::io {
@@ -79,92 +80,6 @@ void check_header_text(const std::string& text, const std::string& where) {
 }
 
 
-// ---------------------------------------------------------------------------------------------
-// Atomic writing: everything goes to a temporary file beside the target; only a complete,
-// flushed file is renamed over it. Any failure removes the temporary and throws.
-class AtomicFileWriter {
- public:
-  explicit AtomicFileWriter(const fs::path& target) : target_(target) {
-    remove_stale_temporaries();
-    static std::atomic<unsigned> counter{0};
-    temporary_ = target_;
-    temporary_ += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    descriptor_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    GRADSYNC_CHECK(descriptor_ >= 0, "cannot save '", target_.string(), "': creating temporary file '",
-                   temporary_.string(), "' failed: ", errno_text());
-  }
-
-  ~AtomicFileWriter() {
-    if (descriptor_ >= 0) ::close(descriptor_);
-    if (!committed_) ::unlink(temporary_.c_str());
-  }
-
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-
-  // A writer killed mid-save (SIGKILL, power loss) leaves TARGET.tmp-PID-N behind. Before a
-  // new save of the same target, remove those of our own naming whose process is gone; a
-  // live process's temporary (a concurrent save) is left alone.
-  void remove_stale_temporaries() const {
-    const std::string prefix = target_.filename().string() + ".tmp-";
-    const fs::path folder = target_.has_parent_path() ? target_.parent_path() : fs::path(".");
-    std::error_code error;
-    for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
-      const std::string name = it->path().filename().string();
-      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-      // The rest must be PID-N, digits only.
-      const std::string rest = name.substr(prefix.size());
-      const auto dash = rest.find('-');
-      const bool ours = dash != std::string::npos && dash > 0 && dash + 1 < rest.size() &&
-                        rest.find_first_not_of("0123456789-") == std::string::npos && rest.find('-', dash + 1) == std::string::npos;
-      if (!ours || dash > 9) continue;
-      const auto pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
-      // Not ours (another thread may be writing it), and its process no longer exists.
-      if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) {
-        std::error_code ignored;
-        fs::remove(it->path(), ignored);
-      }
-    }
-  }
-
-  void write(const void* data, std::size_t nbytes) {
-    const char* bytes = static_cast<const char*>(data);
-    while (nbytes > 0) {
-      const ssize_t written = ::write(descriptor_, bytes, std::min<std::size_t>(nbytes, 1 << 30));
-      if (written < 0 && errno == EINTR) continue;
-      GRADSYNC_CHECK(written > 0, "cannot save '", target_.string(), "': writing failed after ", bytes_written_,
-                     " bytes: ", written < 0 ? errno_text() : std::string("no progress"),
-                     " (the previous file, if any, is untouched)");
-      bytes += written;
-      nbytes -= static_cast<std::size_t>(written);
-      bytes_written_ += static_cast<std::size_t>(written);
-    }
-  }
-
-  void commit() {
-    GRADSYNC_CHECK(::fsync(descriptor_) == 0, "cannot save '", target_.string(), "': fsync failed: ", errno_text());
-    const int descriptor = std::exchange(descriptor_, -1);
-    GRADSYNC_CHECK(::close(descriptor) == 0, "cannot save '", target_.string(), "': close failed: ", errno_text());
-    GRADSYNC_CHECK(::rename(temporary_.c_str(), target_.c_str()) == 0, "cannot save '", target_.string(),
-                   "': renaming the temporary file over it failed: ", errno_text());
-    committed_ = true;
-    // Make the rename itself durable: fsync the folder that holds the new directory entry.
-    const fs::path folder = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
-    const int folder_descriptor = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (folder_descriptor >= 0) {
-      ::fsync(folder_descriptor);
-      ::close(folder_descriptor);
-    }
-  }
-
- private:
-  fs::path target_;
-  fs::path temporary_;
-  int descriptor_ = -1;
-  std::size_t bytes_written_ = 0;
-  bool committed_ = false;
-};
-
 // Reads exactly nbytes at offset, or throws naming the file.
 void read_at(int descriptor, const fs::path& path, std::size_t offset, void* data, std::size_t nbytes) {
   char* bytes = static_cast<char*>(data);
@@ -204,33 +119,32 @@ std::size_t file_size(int descriptor, const fs::path& path) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
-  timeline::Span span("checkpoint", [&] { return "save " + path.filename().string(); }, 0);
+SafetensorsLayout layout_safetensors(const fs::path& path, const std::vector<TensorSpec>& specs, const Metadata& metadata) {
   // Order as the reference library does: larger elements first, then by name. With a header
   // padded to 8 bytes, every tensor then starts at a multiple of its element size.
-  std::vector<const NamedTensor*> order;
-  for (const NamedTensor& entry : tensors) {
-    GRADSYNC_CHECK(!entry.name.empty(), "cannot save '", path.string(), "': a tensor has an empty name");
-    GRADSYNC_CHECK(entry.name != "__metadata__", "cannot save '", path.string(),
+  std::vector<std::size_t> order(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    GRADSYNC_CHECK(!specs[i].name.empty(), "cannot save '", path.string(), "': a tensor has an empty name");
+    GRADSYNC_CHECK(specs[i].name != "__metadata__", "cannot save '", path.string(),
                    "': the name __metadata__ is reserved by the format");
-    GRADSYNC_CHECK(entry.tensor.defined(), "cannot save '", path.string(), "': tensor '", entry.name,
-                   "' is an empty handle");
-    order.push_back(&entry);
+    order[i] = i;
   }
-  std::sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
-    const std::size_t size_a = dtype_size(a->tensor.dtype());
-    const std::size_t size_b = dtype_size(b->tensor.dtype());
-    return size_a != size_b ? size_a > size_b : a->name < b->name;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const std::size_t size_a = dtype_size(specs[a].dtype), size_b = dtype_size(specs[b].dtype);
+    return size_a != size_b ? size_a > size_b : specs[a].name < specs[b].name;
   });
   json header = json::object();
+  std::vector<std::size_t> data_offsets(specs.size());
   std::size_t offset = 0;
-  for (const NamedTensor* entry : order) {
-    GRADSYNC_CHECK(!header.contains(entry->name), "cannot save '", path.string(), "': duplicate tensor name '",
-                   entry->name, "'");
-    const std::size_t nbytes = entry->tensor.nbytes();
-    header[entry->name] = {{"dtype", dtype_safetensors_name(entry->tensor.dtype())},
-                           {"shape", entry->tensor.shape()},
-                           {"data_offsets", {offset, offset + nbytes}}};
+  for (const std::size_t i : order) {
+    const TensorSpec& spec = specs[i];
+    GRADSYNC_CHECK(!header.contains(spec.name), "cannot save '", path.string(), "': duplicate tensor name '",
+                   spec.name, "'");
+    const std::size_t nbytes = static_cast<std::size_t>(shape_numel(spec.shape)) * dtype_size(spec.dtype);
+    header[spec.name] = {{"dtype", dtype_safetensors_name(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + nbytes}}};
+    data_offsets[i] = offset;
     offset += nbytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -238,12 +152,32 @@ void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tens
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const std::uint64_t header_length = header_text.size();
+  SafetensorsLayout layout;
+  layout.head.assign(reinterpret_cast<const char*>(&header_length), sizeof header_length);
+  layout.head += header_text;
+  layout.offsets.resize(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) layout.offsets[i] = layout.head.size() + data_offsets[i];
+  layout.file_bytes = layout.head.size() + offset;
+  return layout;
+}
 
+void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+  timeline::Span span("checkpoint", [&] { return "save " + path.filename().string(); }, 0);
+  std::vector<TensorSpec> specs;
+  for (const NamedTensor& entry : tensors) {
+    GRADSYNC_CHECK(entry.tensor.defined(), "cannot save '", path.string(), "': tensor '", entry.name,
+                   "' is an empty handle");
+    specs.push_back({entry.name, entry.tensor.dtype(), entry.tensor.shape()});
+  }
+  const SafetensorsLayout layout = layout_safetensors(path, specs, metadata);
+  // The data in file order, written front to back.
+  std::vector<std::size_t> order(tensors.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return layout.offsets[a] < layout.offsets[b]; });
   AtomicFileWriter file(path);
-  file.write(&header_length, sizeof header_length);
-  file.write(header_text.data(), header_text.size());
-  for (const NamedTensor* entry : order) {
-    const Tensor host = entry->tensor.to(Device::cpu());
+  file.write(layout.head.data(), layout.head.size());
+  for (const std::size_t i : order) {
+    const Tensor host = tensors[i].tensor.to(Device::cpu());
     file.write(host.data(), host.nbytes());
   }
   file.commit();

@@ -1,31 +1,22 @@
 // Counter-based parameter initialization (gradsync/registry/initializers.h).
 #include "gradsync/registry/initializers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
 
+#include "core/hashing.h"
+#include "core/parallel.h"
 #include "gradsync/core/error.h"
 
 namespace gradsync::init {
 
 namespace {
 
-constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-// SplitMix64's finalizer: a bijection of 64-bit words whose outputs on consecutive counters
-// pass BigCrush (Steele, Lea and Flood, 2014).
-std::uint64_t mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-std::uint64_t name_hash(const std::string& name) {
-  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a
-  for (const unsigned char c : name) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
-}
+using hashing::kGolden;
+using hashing::mix;
+using hashing::name_hash;
 
 // A double in [0, 1) from a word's top 53 bits; (0, 1] when `open_at_zero`, for the logarithm.
 double unit(std::uint64_t word, bool open_at_zero = false) {
@@ -69,30 +60,44 @@ void fill(Tensor& target, const std::string& name, std::int64_t first, const Rul
   const auto word = [key](std::int64_t i, int j) {
     return mix(key + (2 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(j)) * kGolden);
   };
-  std::vector<double> values(static_cast<std::size_t>(target.numel()));
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    const std::int64_t i = first + static_cast<std::int64_t>(k);
-    switch (rule.kind) {
-      case Rule::Kind::constant:
-        values[k] = rule.a;
-        break;
-      case Rule::Kind::uniform:
-        values[k] = rule.a + (rule.b - rule.a) * unit(word(i, 0));
-        break;
-      case Rule::Kind::normal: {
-        // Box-Muller, the cosine branch: each element its own pair of words.
-        const double radius = std::sqrt(-2.0 * std::log(unit(word(i, 0), /*open_at_zero=*/true)));
-        values[k] = rule.a + rule.b * radius * std::cos(2.0 * std::numbers::pi * unit(word(i, 1)));
-        break;
+  // In chunks, so that filling a piece of hundreds of MiB costs a chunk of doubles, not the piece
+  // in doubles; the drawn rules' chunks on the pool (each element depends on its index only), a
+  // user's function on this thread (it need not be thread-safe).
+  constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+  const std::int64_t n = target.numel();
+  const auto fill_chunk = [&](std::int64_t chunk) {
+    const std::int64_t begin = chunk * kChunk, end = std::min(n, begin + kChunk);
+    std::vector<double> values(static_cast<std::size_t>(end - begin));
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      const std::int64_t i = first + begin + static_cast<std::int64_t>(k);
+      switch (rule.kind) {
+        case Rule::Kind::constant:
+          values[k] = rule.a;
+          break;
+        case Rule::Kind::uniform:
+          values[k] = rule.a + (rule.b - rule.a) * unit(word(i, 0));
+          break;
+        case Rule::Kind::normal: {
+          // Box-Muller, the cosine branch: each element its own pair of words.
+          const double radius = std::sqrt(-2.0 * std::log(unit(word(i, 0), /*open_at_zero=*/true)));
+          values[k] = rule.a + rule.b * radius * std::cos(2.0 * std::numbers::pi * unit(word(i, 1)));
+          break;
+        }
+        case Rule::Kind::function:
+          values[k] = rule.function(i);
+          break;
       }
-      case Rule::Kind::function:
-        values[k] = rule.function(i);
-        break;
     }
+    // Computed in double, rounded once to the target's dtype (Tensor::to), on the target's device.
+    const Tensor computed = Tensor::from_vector(values, {end - begin}).to(target.dtype());
+    target.view(static_cast<std::size_t>(begin), {end - begin}).copy_from(computed.to(target.device()));
+  };
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (rule.kind == Rule::Kind::function || target.device().is_cuda()) {
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) fill_chunk(chunk);
+  } else {
+    parallel::for_each_task(chunks, fill_chunk);
   }
-  // Computed in double, rounded once to the target's dtype (Tensor::to), on the target's device.
-  const Tensor computed = Tensor::from_vector(values, {target.numel()}).to(target.dtype());
-  target.copy_from(computed.to(target.device()));
 }
 
 void initialize(Parameter& parameter, const Rule& rule, std::uint64_t seed) {

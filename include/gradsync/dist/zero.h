@@ -32,11 +32,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/dist/join.h"
 #include "gradsync/optim/optimizer.h"
+#include "gradsync/registry/initializers.h"
 
 namespace gradsync::dist {
 
@@ -105,6 +107,36 @@ class ZeroOptimizer : public Joinable {
   void prefetch(std::size_t unit);  // launches its gather and returns; collective
   void release(std::size_t unit);   // back to this rank's pieces
   bool gathered(std::size_t unit) const;  // its values are whole here now
+
+  // --- The model, piece by piece (docs/zero.md, "Models that never exist whole"). Made over a
+  // DataParallel with broadcast_parameters = false, a stage-3 model is never whole on any rank:
+  // the value arena is paged memory (a page costs memory only once written), and these read and
+  // write only this rank's pieces of the trainable parameters (frozen ones, never sharded, are
+  // whole everywhere). Below stage 3 the values are whole on every rank and are filled whole.
+  // Each is collective; initialize and load_model release every unit first at stage 3.
+  //
+  // Initializes by init::fill (gradsync/registry/initializers.h): the same model at every world
+  // size and cut. `rule_of` gives each parameter's rule. The ranks' seeds and rules are compared
+  // first (a function rule by its values at three indices); a difference is an error on every
+  // rank naming the parameter.
+  void initialize(const std::function<init::Rule(const Parameter&)>& rule_of, std::uint64_t seed);
+  // Loads the model's values from one safetensors file or a set with an index
+  // (io::SafetensorsSet), each rank reading only its pieces' bytes, converted to the parameters'
+  // dtypes (a bf16 file into f32). Every parameter must be in it with its shape; the ranks must
+  // see the same entries; a file saved by save_model has its per-tensor checksums verified. All
+  // or nothing: any error (a missing or damaged file, a tensor named twice, a checksum) is an
+  // error on every rank naming the file and the tensor, and no value changes.
+  void load_model(const std::filesystem::path& model);
+  // One consolidated safetensors file of the model's values, written without a gather: rank 0
+  // writes the header, every rank writes its pieces at their offsets (frozen parameters: rank 0),
+  // then rank 0 renames the file into place; a failure anywhere is an error on every rank and the
+  // previous file stays. The bytes are save_safetensors' for the whole model with `metadata` and
+  // "gradsync.checksums" (each tensor's io::piece_checksum), the same at every world size, and
+  // PyTorch loads it. The ranks must see the same folder.
+  void save_model(const std::filesystem::path& path, const io::Metadata& metadata = {});
+  // The sum of every parameter's io::piece_checksum over its whole value (mod 2^64), the same
+  // on every rank and at every world size for the same model.
+  std::uint64_t model_checksum();
 
   // --- Checkpoints. The consolidated state is exactly an unsharded optimizer's checkpoint
   // (Optimizer::state_tensors / state_metadata): every rank's pieces gathered (collective; the

@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
+
+#include "gradsync/core/tensor.h"
 
 namespace gradsync::io {
 
@@ -39,6 +42,15 @@ struct FileChecksum {
 };
 // Reads the whole file once; throws naming it when it cannot.
 FileChecksum checksum_file(const std::filesystem::path& path);
+
+// A tensor's checksum that pieces compute apart and add up: element i of tensor `name` (its bits
+// as stored, zero-extended to 64) adds mix((key + i x golden) ^ (bits x odd)) to a sum mod 2^64,
+// key = the FNV-1a of the name and mix SplitMix64's finalizer. Ranks holding disjoint pieces of a
+// tensor each sum theirs (`first`: the piece's first element in the whole tensor, row-major),
+// and the sums add to the whole tensor's checksum for any cut (dist::ZeroOptimizer::save_model
+// writes it into the file's metadata; load_model checks what it read against it). Like XXH64,
+// it finds damage, not forgery. `piece`: any device, copied to the host to be read.
+std::uint64_t piece_checksum(std::string_view name, std::int64_t first, const Tensor& piece);
 
 // 16 lowercase hex digits, as manifests write a digest.
 std::string hex_digest(std::uint64_t digest);

@@ -44,6 +44,25 @@ struct NamedTensor {
 void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                       const Metadata& metadata = {});
 
+// A tensor's header entry before its data exists.
+struct TensorSpec {
+  std::string name;  // unique in its file
+  DType dtype;       // of the stored elements
+  Shape shape;       // its dimensions
+};
+
+// Where everything goes in a file save_safetensors would write for these tensors: the bytes
+// before the data (the 8-byte length and the padded header) and each tensor's first byte.
+struct SafetensorsLayout {
+  std::string head;                  // the header length and the header, as written
+  std::vector<std::size_t> offsets;  // each spec's first byte from the file's start, in spec order
+  std::size_t file_bytes = 0;        // the whole file
+};
+// The layout of `specs` and `metadata` (the same checks as save_safetensors, naming `path`): a
+// pure function of them, so ranks that agree on the tensors agree on every byte offset.
+SafetensorsLayout layout_safetensors(const std::filesystem::path& path, const std::vector<TensorSpec>& specs,
+                                     const Metadata& metadata = {});
+
 // One tensor's entry in a file's header, validated.
 struct TensorInfo {
   std::string name;            // its key in the header
