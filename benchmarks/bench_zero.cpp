@@ -21,6 +21,9 @@
 //                              gathers travel behind the previous layer's forward (or backward)
 //   --backward-ms MS           the backward's compute, layer by layer (default: twice the
 //                              forward, as a real layer's backward costs)
+//   --hsdp N                   also stages 2 and 3 sharded inside groups of N ranks (0: one per node)
+//                              and replicated across them (dist/shard_groups.h); every row says the
+//                              bytes this node sent to the others per step (scripts/simulate_nodes.sh)
 //
 //   mpirun -np 4 build/benchmarks/bench_zero
 //   benchmarks/compare_zero.sh 4
@@ -29,12 +32,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/shard_groups.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/adam.h"
@@ -48,15 +54,31 @@ struct Result {
   double step_seconds = 0;
   std::int64_t state_bytes = 0;
   std::int64_t bucket_bytes = 0;  // the largest bucket
+  double sent_per_step = 0;       // bytes this node's network interfaces sent per step
 };
+
+// Bytes every network interface but the loopback has sent: on scripts/simulate_nodes.sh's nodes,
+// what this node put on the link to the others (each node is a network namespace with one).
+double bytes_sent_off_node() {
+  double total = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/net", error)) {
+    if (entry.path().filename() == "lo") continue;
+    std::ifstream counter(entry.path() / "statistics" / "tx_bytes");
+    double bytes = 0;
+    if (counter >> bytes) total += bytes;
+  }
+  return total;
+}
 
 // A layer's simulated compute: the CPU free, as while a GPU computes.
 void compute(double ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
+// `groups`: HSDP (stages 2 and 3 sharded inside each group, replicated across the groups).
 Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, int stage, int steps, double forward_ms,
-                 double backward_ms) {
+                 double backward_ms, dist::ShardGroups* groups = nullptr) {
   ParameterRegistry registry;
   for (int layer = 0; layer < layers; ++layer) registry.add("layer" + std::to_string(layer), {elements});
   registry.finalize();
@@ -65,12 +87,15 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
   if (stage == 3) {  // one unit per layer
     for (Parameter& layer : registry) options.units.push_back({&layer});
   }
-  dist::DataParallel ddp(registry, comm, options);
+  if (groups != nullptr) options.replicas = &groups->replicas();
+  dist::DataParallel ddp(registry, groups != nullptr ? groups->shard() : comm, options);
   std::unique_ptr<dist::ZeroOptimizer> zero;
   if (stage > 0) zero = std::make_unique<dist::ZeroOptimizer>(adam, ddp, dist::ZeroOptions{.stage = stage});
   std::vector<double> times;
+  double sent_before = 0;
   for (int s = 0; s <= steps; ++s) {
     comm.barrier();
+    if (s == 1) sent_before = bytes_sent_off_node();
     const auto start = Clock::now();
     // Stage 3: each layer gathered for its forward and released after it (the gathers of the
     // next layers replayed behind it from the second step: auto prefetch), gathered again for
@@ -106,7 +131,9 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   if (zero) zero->wait_all();
+  comm.barrier();
   Result result;
+  result.sent_per_step = steps > 0 ? (bytes_sent_off_node() - sent_before) / steps : 0.0;
   result.step_seconds = bench::median(times);
   result.state_bytes = adam.state_bytes();
   for (std::size_t b = 0; b < ddp.reducer().bucket_count(); ++b) {
@@ -126,11 +153,12 @@ double peak_rss_mib() {
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_zero [--backend auto|mpi|gloo] [--layers N] [--layer-elements N] [--steps N]\n"
-                           "           [--memory STAGE] [--forward-ms MS [--backward-ms MS]]\n"
+                           "           [--memory STAGE] [--forward-ms MS [--backward-ms MS]] [--hsdp RANKS_PER_GROUP]\n"
                            "  ZeRO stages 0-3: optimizer state per rank, step time (or, with --memory, one stage's\n"
-                           "  peak RSS); run on several ranks (mpirun -np 4 ...)",
+                           "  peak RSS); --hsdp adds stages 2 and 3 sharded in groups (0: one per node) and\n"
+                           "  replicated across them; run on several ranks (mpirun -np 4 ...)",
                            {"--backend", "--layers", "--layer-elements", "--steps", "--memory", "--forward-ms",
-                            "--backward-ms"}, {});
+                            "--backward-ms", "--hsdp"}, {});
   auto comm = comm::connect(flags.text("--backend", "auto"));
   const int layers = static_cast<int>(flags.integer("--layers", 24));
   const std::int64_t elements = flags.integer("--layer-elements", 1 << 20);
@@ -138,6 +166,7 @@ int main(int argc, char** argv) try {
   const int memory_stage = static_cast<int>(flags.integer("--memory", -1));
   const double forward_ms = flags.number("--forward-ms", 0.0);
   const double backward_ms = flags.number("--backward-ms", 2 * forward_ms);
+  const int hsdp = static_cast<int>(flags.integer("--hsdp", -1));
   const double total_mib = static_cast<double>(layers * elements) * 4 / (1 << 20);
   const int world = comm->size();
 
@@ -166,8 +195,25 @@ int main(int argc, char** argv) try {
   const double allreduce = bench::median(times);
   all = Tensor();
 
-  Result results[4];
-  for (int stage = 0; stage < 4; ++stage) results[stage] = run_stage(*comm, layers, elements, stage, steps, forward_ms, backward_ms);
+  // Stages 0-3 over every rank, then (--hsdp) stages 2 and 3 sharded inside each group.
+  struct Row {
+    std::string label;
+    Result result;
+    int shards = 1;  // ranks that split the state
+  };
+  std::vector<Row> rows;
+  for (int stage = 0; stage < 4; ++stage) {
+    rows.push_back({std::to_string(stage), run_stage(*comm, layers, elements, stage, steps, forward_ms, backward_ms),
+                    stage == 0 ? 1 : world});
+  }
+  if (hsdp >= 0) {
+    dist::ShardGroups groups(*comm, hsdp);
+    const std::string shape = " hsdp " + std::to_string(groups.groups()) + "x" + std::to_string(groups.group_size());
+    for (const int stage : {2, 3}) {
+      rows.push_back({std::to_string(stage) + shape,
+                      run_stage(*comm, layers, elements, stage, steps, forward_ms, backward_ms, &groups), groups.group_size()});
+    }
+  }
   if (comm->rank() == 0) {
     std::printf("%s, %d ranks: %d layers x %lld f32 = %.1fM parameters (%.0f MiB), Adam; one allreduce of every "
                 "gradient %.1f ms%s\n",
@@ -178,15 +224,16 @@ int main(int argc, char** argv) try {
                                   " ms backward per step, the gathers behind them")
                                      .c_str()
                                : "");
-    std::printf("%-8s %16s %26s %10s %14s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
-                "vs stage 0");
-    const double full_state = static_cast<double>(results[0].state_bytes) / (1 << 20);
-    for (int stage = 0; stage < 4; ++stage) {
-      const Result& r = results[stage];
+    std::printf("%-14s %16s %26s %10s %12s %22s\n", "stage", "state MiB/rank", "ceiling (total/N + bucket)", "step ms",
+                "vs stage 0", "sent off node MB/step");
+    const double full_state = static_cast<double>(rows[0].result.state_bytes) / (1 << 20);
+    for (const Row& row : rows) {
+      const Result& r = row.result;
       const double ceiling =
-          stage == 0 ? full_state : full_state / world + static_cast<double>(r.bucket_bytes) * 2 / (1 << 20);
-      std::printf("%-8d %16.1f %26.1f %10.1f %13.2fx\n", stage, static_cast<double>(r.state_bytes) / (1 << 20), ceiling,
-                  r.step_seconds * 1e3, r.step_seconds / results[0].step_seconds);
+          row.shards == 1 ? full_state : full_state / row.shards + static_cast<double>(r.bucket_bytes) * 2 / (1 << 20);
+      std::printf("%-14s %16.1f %26.1f %10.1f %11.2fx %22.1f\n", row.label.c_str(),
+                  static_cast<double>(r.state_bytes) / (1 << 20), ceiling, r.step_seconds * 1e3,
+                  r.step_seconds / rows[0].result.step_seconds, r.sent_per_step / 1e6);
     }
   }
   return 0;

@@ -17,7 +17,8 @@
 // the model's parameters, activations and arithmetic on the device, gpt/gpt_kernels.cu; NCCL
 // between GPUs, or Gloo / MPI staging through the host), in f32 or bf16 (f32 masters);
 // --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does, --zero 3 the
-// parameters too (the model gathers each block around its use: Gpt::shard); --sync-strategy picks
+// parameters too (the model gathers each block around its use: Gpt::shard), --shard-group N
+// shards inside groups of N ranks and replicates across them (HSDP); --sync-strategy picks
 // when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join.
 #include <algorithm>
 #include <chrono>
@@ -36,6 +37,7 @@
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/dist/join.h"
 #include "gradsync/dist/powersgd.h"
+#include "gradsync/dist/shard_groups.h"
 #include "gradsync/dist/zero.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"
@@ -84,6 +86,8 @@ int main(int argc, char** argv) try {
         "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n"
         "  --zero 0|1|2|3 (ZeRO: 1 shards AdamW's state over the ranks, 2 the reduced gradients too, 3 the\n"
         "    parameters too: each block gathered for its forward and backward; f32)\n"
+        "  --shard-group N (with --zero 2|3, HSDP: sharded inside groups of N consecutive ranks, 0: one group\n"
+        "    per node, replicated across the groups; only one piece per rank crosses between groups)\n"
         "  --val val.bin (the validation loss at the end)   --sample N (N tokens generated at the end)\n"
         "  --vocab FILE (one byte per token, in token order: samples print as text)\n"
         "  --precision f32|bf16 (bf16: bf16 parameters and gradients, f32 arithmetic and master weights)\n"
@@ -125,6 +129,7 @@ int main(int argc, char** argv) try {
   const std::int64_t sample_tokens = flags.integer("--sample", 0);
   const bool quiet = flags.flag("--quiet");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
+  const int shard_group = static_cast<int>(flags.integer("--shard-group", -1));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   const std::string precision = flags.text("--precision", "f32");
@@ -136,6 +141,9 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
   GRADSYNC_CHECK(batch % microbatches == 0, "--batch ", batch, " must divide into --microbatches ", microbatches);
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
+  GRADSYNC_CHECK(shard_group < 0 || zero_stage >= 2, "--shard-group ", shard_group, " needs --zero 2 or 3 (HSDP shards ",
+                 "the gradients inside each group)");
+  GRADSYNC_CHECK(shard_group < 0 || !uneven, "--shard-group does not combine with --uneven (Join is not run under HSDP)");
   GRADSYNC_CHECK(!(uneven && restarts.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks ",
                  "with uneven inputs reach a step count at different times (checkpoints are written at the end)");
   GRADSYNC_CHECK(zero_stage < 3 || precision == "f32", "--zero 3 --precision ", precision, ": stage 3 runs f32 ",
@@ -156,7 +164,8 @@ int main(int argc, char** argv) try {
        "--layers " + std::to_string(config.layers), "--heads " + std::to_string(config.heads),
        "--embd " + std::to_string(config.embd), "--block " + std::to_string(config.block), "--gelu " + gelu,
        examples::file_setting("--init", init), "--seed " + std::to_string(seed), "--precision " + precision,
-       "--zero " + std::to_string(zero_stage), std::string("--sync-strategy ") + dist::sync_strategy_name(strategy),
+       "--zero " + std::to_string(zero_stage), "--shard-group " + std::to_string(shard_group),
+       std::string("--sync-strategy ") + dist::sync_strategy_name(strategy),
        std::string("--uneven ") + (uneven ? "on" : "off"), "--powersgd-rank " + std::to_string(powersgd_rank),
        "--powersgd-start " + std::to_string(powersgd_start), number_setting("--lr", lr), number_setting("--min-lr", min_lr),
        "--warmup " + std::to_string(warmup), "--decay-steps " + std::to_string(decay_steps),
@@ -204,7 +213,13 @@ int main(int argc, char** argv) try {
   // Stage 3: each unit (the embeddings, each block, the final LayerNorm) is one bucket.
   dist::DataParallelOptions ddp_options{.shard_gradients = zero_stage >= 2};
   if (zero_stage == 3) ddp_options.units = model.units();
-  dist::DataParallel ddp(registry, *comm, ddp_options);
+  // HSDP: ZeRO over each group of ranks, the groups' pieces averaged across them.
+  std::optional<dist::ShardGroups> groups;
+  if (shard_group >= 0 && comm->size() > 1) {
+    groups.emplace(*comm, shard_group);
+    ddp_options.replicas = &groups->replicas();
+  }
+  dist::DataParallel ddp(registry, groups ? groups->shard() : *comm, ddp_options);
   std::shared_ptr<dist::PowerSGDState> powersgd;
   if (powersgd_rank > 0 && comm->size() > 1) {
     powersgd = std::make_shared<dist::PowerSGDState>(
@@ -216,7 +231,7 @@ int main(int argc, char** argv) try {
   // of each bucket only; the step updates those and gathers the parameters. Stage 3 keeps only
   // its pieces of the values too: the model gathers each unit for its forward and backward.
   std::unique_ptr<dist::ZeroOptimizer> zero;
-  if (zero_stage > 0 && comm->size() > 1) {
+  if (zero_stage > 0 && ddp.communicator().size() > 1) {
     zero = std::make_unique<dist::ZeroOptimizer>(optimizer, ddp, dist::ZeroOptions{.stage = zero_stage});
     if (zero_stage == 3) model.shard(zero.get());
   }

@@ -14,6 +14,16 @@
 
 namespace gradsync::comm {
 
+std::string node_name(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (auto node = environment::node(); node && !node->empty()) return *node;
+  // torchrun numbers its nodes (agents); elsewhere a node is a host.
+  if (const auto group = environment::launcher("GROUP_RANK")) return "torchrun node " + *group;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
 namespace {
 
 // What a rank decides with; every rank must decide alike, so the first exchange compares them.
@@ -32,18 +42,7 @@ Settings resolve(const CommOptions& options) {
     }
   }
   settings.min_bytes = environment::hierarchical_min_bytes();
-  settings.node = options.node;
-  if (settings.node.empty()) settings.node = environment::node().value_or("");
-  if (settings.node.empty()) {
-    // torchrun numbers its nodes (agents); elsewhere a node is a host.
-    if (const auto group = environment::launcher("GROUP_RANK")) {
-      settings.node = "torchrun node " + *group;
-    } else {
-      char host[256] = {};
-      ::gethostname(host, sizeof host - 1);
-      settings.node = host;
-    }
-  }
+  settings.node = node_name(options.node);
   return settings;
 }
 

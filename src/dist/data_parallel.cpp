@@ -53,9 +53,17 @@ struct DataParallel::Impl {
     // The same model everywhere (docs/semantics/ddp.md section 3's verification, naming both views), then
     // rank 0's values everywhere: parameters and buffers (frozen parameters) alike.
     require_same_parameters(comm, everything, names, "DataParallel");
+    comm::Communicator* replicas = options.replicas != nullptr && options.replicas->size() > 1 ? options.replicas : nullptr;
+    if (options.replicas != nullptr) {
+      GRADSYNC_CHECK(options.shard_gradients, "DataParallel: replicas (HSDP) need shard_gradients (ZeRO stage 2 or 3); ",
+                     "for plain data parallelism across nodes, the hierarchical allreduce (CommOptions::hierarchical)");
+      if (replicas != nullptr) require_same_parameters(*replicas, everything, names, "DataParallel (across shard groups)");
+    }
     if (options.broadcast_parameters) {
+      // Under HSDP, group 0's rank 0 first to every group's rank 0, then inside each group.
       for (const Arena& arena : registry.arenas()) {
         Tensor values = arena.values;
+        if (replicas != nullptr && comm.rank() == 0) replicas->broadcast(values, 0);
         comm.broadcast(values, 0);
       }
     }
@@ -69,7 +77,9 @@ struct DataParallel::Impl {
     reducer_options.rule = BucketRule::pytorch;
     reducer_options.compression = options.compression;
     reducer_options.op = comm::ReduceOp::sum;
-    reducer_options.prescale = 1.0 / comm.size();  // divide before the sum, as PyTorch
+    // Divide before the sum, as PyTorch; under HSDP by every group's ranks.
+    reducer_options.prescale = 1.0 / (comm.size() * (replicas != nullptr ? replicas->size() : 1));
+    reducer_options.replicas = replicas;
     reducer_options.reduce_scatter = options.shard_gradients;
     reducer_options.max_buckets_in_flight = options.max_buckets_in_flight.value_or(options.shard_gradients ? 2 : 0);
     if (!options.units.empty()) {
@@ -166,7 +176,7 @@ struct DataParallel::Impl {
     status.set_flags(flags);
     sync.write(status, /*shadow_step=*/join_flags != 0);
     timeline::instant("status", join_flags ? "status allreduce (joined)" : "status allreduce");
-    status.exchange(comm, [&] { reducer->wait(); });  // the buckets' waits overlap the status
+    status.exchange(comm, [&] { reducer->wait(); }, options.replicas);  // the buckets' waits overlap the status
 
     std::fill(used_in_window.begin(), used_in_window.end(), false);
     last_used_counts.assign(count, 0);
@@ -304,6 +314,8 @@ void DataParallel::join_opened(const JoinOptions* options) {
 
 void DataParallel::require_joinable() const {
   impl_->reducer->require_usable("Join::join");
+  GRADSYNC_CHECK(impl_->options.replicas == nullptr, "Join::join: not under HSDP (DataParallelOptions::replicas): a ",
+                 "joined rank's shadow steps would have to be answered across the shard groups too");
   GRADSYNC_CHECK(!impl_->in_backward, "Join::join inside a backward: call end_backward() first");
   GRADSYNC_CHECK(!impl_->sync.auto_window_open(), "Join::join inside a ddp_sync_context window: close the window first");
   GRADSYNC_CHECK(!impl_->reducer->round_started(), "Join::join with a synchronized step half launched");

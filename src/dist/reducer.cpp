@@ -315,6 +315,7 @@ struct Reducer::Impl {
       bucket.tail_work.reset();
     }
     if (options.reduce_scatter) {
+      if (options.replicas != nullptr && options.replicas->size() > 1) reduce_across_replicas(bucket);
       // Only this rank's piece is reduced: back into the bucket (decompressed), then scaled.
       // The last rank's remainder was reduced in place (in the wire buffer).
       const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
@@ -357,6 +358,28 @@ struct Reducer::Impl {
       }
       member.mark_grad_defined();
     }
+  }
+
+  // HSDP: this rank's reduced piece (and the last rank's remainder, reduced in place in the wire
+  // buffer) summed with the same piece of every other shard group. A bucket smaller than the
+  // group was allreduced whole inside it, so it crosses whole.
+  void reduce_across_replicas(Bucket& bucket) {
+    comm::Communicator& replicas = *options.replicas;
+    Tensor& wire = bucket.compressed.defined() && bucket.compressed.dtype() != bucket.info.dtype ? bucket.compressed
+                                                                                                 : bucket.flat;
+    const BucketShard shard = shard_bucket(bucket.info.numel, comm.size(), comm.rank());
+    const std::int64_t even = shard.piece * comm.size();
+    const comm::OperationLabel label("across shard groups, " + *bucket.label);
+    if (even == 0) {
+      replicas.allreduce(wire, options.op);
+      return;
+    }
+    replicas.allreduce(bucket.piece, options.op);
+    if (comm.rank() + 1 == comm.size() && even < bucket.info.numel) {
+      Tensor tail = wire.view(static_cast<std::size_t>(even), {bucket.info.numel - even});
+      replicas.allreduce(tail, options.op);
+    }
+    stats.bytes_communicated += static_cast<std::int64_t>(shard.count * static_cast<std::int64_t>(dtype_size(wire.dtype())));
   }
 
   // Under reduce_scatter, a backward that adds to gradients still holding this rank's reduced

@@ -36,7 +36,8 @@ void StepStatus::propose_auto(const std::array<double, 3>& trial_seconds) {
   std::copy(trial_seconds.begin(), trial_seconds.end(), tail + kAutoTimes);
 }
 
-void StepStatus::exchange(comm::Communicator& comm, const std::function<void()>& meanwhile) {
+void StepStatus::exchange(comm::Communicator& comm, const std::function<void()>& meanwhile,
+                          comm::Communicator* replicas) {
   static const auto kLabel = std::make_shared<const std::string>("step status (used parameters, join flags)");
   comm::WorkHandle work;
   {
@@ -47,6 +48,13 @@ void StepStatus::exchange(comm::Communicator& comm, const std::function<void()>&
   errors.run(meanwhile);
   errors.wait(work);
   errors.rethrow();
+  if (replicas == nullptr || replicas->size() == 1) return;
+  const comm::OperationLabel label("step status across shard groups");
+  Tensor flags = Tensor::empty({world_}, DType::f64);
+  flags.copy_from(words_.view(parameters_, {world_}));
+  replicas->allreduce_host(words_, comm::ReduceOp::sum);
+  replicas->allreduce_host(flags, comm::ReduceOp::max);
+  words_.view(parameters_, {world_}).copy_from(flags);
 }
 
 int StepStatus::used_count(std::size_t parameter) const { return static_cast<int>(words()[parameter]); }

@@ -55,7 +55,11 @@ class StepStatus {
   // whatever the step overlaps with it), then the status is waited for. Whatever throws, the
   // allreduce is waited for before this returns (it writes into this object); the first error
   // is the one rethrown.
-  void exchange(comm::Communicator& comm, const std::function<void()>& meanwhile);
+  // `replicas` (HSDP): the status is then summed over them too, each rank's flags word combined
+  // by max (under HSDP only kMissedGradients can be set: Join is refused), so every group reads
+  // the job's status and decides alike.
+  void exchange(comm::Communicator& comm, const std::function<void()>& meanwhile,
+                comm::Communicator* replicas = nullptr);
 
   // --- The summed status, after exchange().
   int used_count(std::size_t parameter) const;

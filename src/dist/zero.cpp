@@ -9,6 +9,7 @@
 // policy: which stage needs what, and in which order a step's parts run.
 #include "gradsync/dist/zero.h"
 
+#include "gradsync/comm/agreement.h"
 #include "gradsync/optim/clip.h"
 #include "zero_checkpoint.h"
 #include "zero_join.h"
@@ -59,7 +60,26 @@ struct ZeroOptimizer::Impl {
     if (options.stage == 3) {
       units = std::make_unique<ZeroUnits>(shards, reducer, ddp->options().units, options.auto_prefetch, join, comm.rank());
     }
+    if (ddp != nullptr) ddp_replicas = ddp->options().replicas;
   }
+
+  // Under HSDP every shard group holds the same pieces: group 0 writes a checkpoint, and every
+  // group learns how it went (one agreement across the groups), so a failure is an error on
+  // every rank and the other groups never write the same files at once.
+  void by_group_zero(const std::string& what, const std::function<void()>& write) const {
+    comm::Communicator* replicas = ddp_replicas;
+    if (replicas == nullptr || replicas->size() == 1) return write();
+    std::string failure;
+    if (replicas->rank() == 0) {
+      try {
+        write();
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
+    }
+    comm::agree(*replicas, what, failure);
+  }
+  comm::Communicator* ddp_replicas = nullptr;  // DataParallelOptions::replicas (HSDP), or null
 
   ZeroUnits& stage3(const char* what) const {
     GRADSYNC_CHECK(units != nullptr, "ZeroOptimizer::", what, ": stage ", options.stage, " has no units (stage 3 does)");
@@ -146,7 +166,9 @@ void ZeroOptimizer::load_model(const std::filesystem::path& model) {
 
 void ZeroOptimizer::save_model(const std::filesystem::path& path, const io::Metadata& metadata) {
   impl_->shards.wait_all();
-  zero_model::save(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), path, metadata);
+  impl_->by_group_zero("ZeroOptimizer::save_model (HSDP: shard group 0 writes)", [&] {
+    zero_model::save(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), path, metadata);
+  });
 }
 
 std::uint64_t ZeroOptimizer::model_checksum() {
@@ -163,12 +185,16 @@ ZeroOptimizer::State ZeroOptimizer::consolidated_state() {
 
 void ZeroOptimizer::save_consolidated(const std::filesystem::path& path) {
   impl_->shards.wait_all();
-  dist::save_consolidated(impl_->optimizer, impl_->comm, impl_->shards.layout(), path);
+  impl_->by_group_zero("ZeroOptimizer::save_consolidated (HSDP: shard group 0 writes)", [&] {
+    dist::save_consolidated(impl_->optimizer, impl_->comm, impl_->shards.layout(), path);
+  });
 }
 
 void ZeroOptimizer::save_sharded(const std::filesystem::path& folder) {
   impl_->shards.wait_all();
-  dist::save_sharded(impl_->optimizer, impl_->comm, impl_->shards.layout(), folder);
+  impl_->by_group_zero("ZeroOptimizer::save_sharded (HSDP: shard group 0 writes)", [&] {
+    dist::save_sharded(impl_->optimizer, impl_->comm, impl_->shards.layout(), folder);
+  });
 }
 
 void ZeroOptimizer::load_sharded(const std::filesystem::path& folder, bool reshard) {

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "gradsync/nn/layers.h"
 #include "gradsync/registry/parameter_registry.h"
 
 namespace gradsync::testing {
@@ -26,6 +28,11 @@ struct Regression {
   // gradient is not written (a parameter this backward does not use); it is returned either way.
   double backward(std::int64_t begin, std::int64_t end, bool mark_ready = true, bool with_bias = true);
 };
+
+// The MLP of the FSDP2 fixtures (tests/reference/generate_fsdp_fixtures.py): Linear(8, 16), ReLU,
+// Linear(16, 16), ReLU, Linear(16, 4), its parameters named as torch.nn.Sequential's ("0.weight",
+// ...). Registered, not finalized.
+std::shared_ptr<nn::Sequential> fixture_mlp(ParameterRegistry& registry);
 
 // Parameters of odd sizes, so that ZeRO's pieces cut through them; each rank's gradient depends
 // on the current weights, its rank, the step and the microbatch.

@@ -104,7 +104,7 @@ PY
     resume_matches digits_ddp 13 40 --optimizer adam --microbatches 2 --quiet --powersgd-rank 2 --powersgd-start 5
     echo "resumed PowerSGD run matches the uninterrupted run byte for byte" ;;
   gpt)  # nanoGPT's GPT, 20 steps on 1 rank (Gloo) and on 2 (MPI; ZeRO 0, 1, 2, 3; the sync strategies
-         # over two microbatches), against PyTorch's (tests/reference/generate_gpt_fixtures.py):
+         # over two microbatches) and 4 (HSDP: ZeRO 2 and 3 in 2 groups of 2), against PyTorch's (tests/reference/generate_gpt_fixtures.py):
          # each step's loss within 1e-5 relative, the final weights within 1e-4; bf16; uneven
     args=("${gpt_args[@]}")
     "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 4 --backend gloo --metrics "$scratch/one.jsonl" \
@@ -119,7 +119,12 @@ PY
       "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --backend mpi --microbatches 2 \
         --sync-strategy $strategy --metrics "$scratch/$strategy.jsonl" --save "$scratch/$strategy.safetensors"
     done
-    for run in one two zero1 zero2 zero3 multi forced auto; do
+    # HSDP: 4 ranks as 2 groups of 2, ZeRO 3 (and 2) inside each group, replicated across them
+    for stage in 2 3; do
+      mpirun --allow-run-as-root --oversubscribe -np 4 "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 1 \
+        --backend mpi --zero $stage --shard-group 2 --metrics "$scratch/hsdp$stage.jsonl" --save "$scratch/hsdp$stage.safetensors"
+    done
+    for run in one two zero1 zero2 zero3 multi forced auto hsdp2 hsdp3; do
       losses_match $run "$fixtures/gpt_train_losses.txt" 1e-5
       "$compare" "$fixtures/gpt_final.safetensors" "$scratch/$run.safetensors" 1e-4
     done
@@ -164,7 +169,7 @@ PY
     if "$examples/gpt_ddp" "${args[@]}" --steps 21 --batch 4 --backend gloo --resume "$scratch/lonely.safetensors" \
          > "$scratch/refused" 2>&1; then echo "a model file without its optimizer file resumed"; exit 1; fi
     grep -q "keeps its optimizer state in .*lonely.optimizer-.*, which is not there" "$scratch/refused"
-    echo "gpt_ddp's 20 steps match PyTorch on 1 and 2 ranks, ZeRO 1 and 2, every sync strategy and bf16 included;" \
+    echo "gpt_ddp's 20 steps match PyTorch on 1, 2 and 4 ranks, ZeRO 1, 2, 3 and HSDP (2 groups of 2, ZeRO 2 and 3), every sync strategy and bf16 included;" \
       "uneven runs end alike under ZeRO 0-3; a resumed run is byte for byte" ;;
   gpt_cuda)  # the gpt case's 20 steps with the model on a GPU (examples/gpt/gpt_kernels.cu), against the
              # same PyTorch fixtures and bounds: one rank, two sharing the GPU through Gloo (staged through

@@ -391,12 +391,7 @@ TEST(Zero3, MatchesPyTorchFSDP2) {
       const std::string where = std::to_string(world) + " ranks, " + name;
       comm::run_gloo_thread_group(world, [&](Communicator& comm) {
         ParameterRegistry registry;
-        auto layers = std::make_shared<nn::Sequential>(registry);
-        layers->add<nn::Linear>("0", 8, 16);
-        layers->add<nn::ReLU>();
-        layers->add<nn::Linear>("2", 16, 16);
-        layers->add<nn::ReLU>();
-        layers->add<nn::Linear>("4", 16, 4);
+        auto layers = testing::fixture_mlp(registry);
         registry.finalize();
         for (Parameter& p : registry) p.value().copy_from(fixture.read("init." + p.name()));
         optim::Hyperparameters hyperparameters;

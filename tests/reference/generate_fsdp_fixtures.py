@@ -62,15 +62,19 @@ CASES.update({f"{name}.multi": (name, 2, True) for name in OPTIMIZERS})
 CASES["adamw.nosync"] = ("adamw", 2, False)
 
 
-def worker(rank, world, case, store_path, results):
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
-    optimizer_name, micro, every = CASES[case]
+def sharded_model(mesh=None):
+    """The model with each Linear its own FSDP2 unit, then the root (over `mesh`: HSDP when 2-D)."""
     net = model()
     for layer in net:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(net)
-    optimizer = OPTIMIZERS[optimizer_name](net.parameters())
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return net
+
+
+def train(net, optimizer, rank, micro, every=True):
+    """STEPS steps of rank `rank`'s batches in `micro` microbatches (each loss divided by micro;
+    every=False: only the last synchronizes); returns the losses and the final full weights."""
     losses = []
     for step in range(STEPS):
         x, y = batch(step, rank)
@@ -84,29 +88,44 @@ def worker(rank, world, case, store_path, results):
             step_loss += loss.item()
         optimizer.step()
         losses.append(step_loss)
-    final = {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
-    results[rank] = (losses, final)
+    return losses, {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
+
+
+def record_batches(tensors, world):
+    for step in range(STEPS):
+        for rank in range(world):
+            x, y = batch(step, rank)
+            tensors[f"data.step{step}.rank{rank}.x"] = x
+            tensors[f"data.step{step}.rank{rank}.y"] = y
+
+
+def run_case(tensors, prefix, world, worker, args):
+    """Spawns `world` processes of worker(rank, *args, store_path, results) and records every rank's
+    losses and rank 0's final weights under `prefix`."""
+    with tempfile.TemporaryDirectory() as folder:
+        manager = mp.Manager()
+        results = manager.dict()
+        mp.spawn(worker, args=(*args, os.path.join(folder, "store"), results), nprocs=world)
+        for rank in range(world):
+            tensors[f"{prefix}.rank{rank}.losses"] = torch.tensor(results[rank][0], dtype=torch.float64)
+        for pname, value in results[0][1].items():
+            tensors[f"{prefix}.final.{pname}"] = value
+
+
+def worker(rank, world, case, store_path, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    optimizer_name, micro, every = CASES[case]
+    net = sharded_model()
+    results[rank] = train(net, OPTIMIZERS[optimizer_name](net.parameters()), rank, micro, every)
     dist.destroy_process_group()
 
 
 def main():
     tensors = {f"init.{name}": p.detach().clone() for name, p in model().named_parameters()}
     for world in (2, 3, 4):
-        for step in range(STEPS):
-            for rank in range(world):
-                x, y = batch(step, rank)
-                tensors[f"data.step{step}.rank{rank}.x"] = x
-                tensors[f"data.step{step}.rank{rank}.y"] = y
+        record_batches(tensors, world)
         for name in CASES:
-            with tempfile.TemporaryDirectory() as folder:
-                manager = mp.Manager()
-                results = manager.dict()
-                mp.spawn(worker, args=(world, name, os.path.join(folder, "store"), results), nprocs=world)
-                for rank in range(world):
-                    losses, final = results[rank]
-                    tensors[f"w{world}.{name}.rank{rank}.losses"] = torch.tensor(losses, dtype=torch.float64)
-                for pname, value in results[0][1].items():
-                    tensors[f"w{world}.{name}.final.{pname}"] = value
+            run_case(tensors, f"w{world}.{name}", world, worker, (world, name))
     meta = {"steps": str(STEPS), "batch": str(BATCH), "settings": json.dumps(SETTINGS), "torch": torch.__version__}
     save_file({k: v.contiguous() for k, v in tensors.items()}, OUT, metadata=meta)
     print(f"wrote {OUT}: {len(tensors)} tensors")

@@ -71,6 +71,11 @@ struct CommOptions {
   std::string node{};
 };
 
+// The node this process runs on, as the hierarchical allreduce and HSDP's shard groups name it:
+// `configured` (CommOptions::node), else GRADSYNC_NODE, else torchrun's GROUP_RANK, else the host
+// name. Ranks with the same name share a node.
+std::string node_name(const std::string& configured = "");
+
 // The timeout an operation gets when none is given: CommOptions, the environment, the default.
 std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested);
 // The rendezvous timeout: `requested`, GRADSYNC_RENDEZVOUS_TIMEOUT_MS, else `operation_timeout`.

@@ -69,6 +69,13 @@ struct DataParallelOptions {
   // parameter in exactly one. Each unit becomes exactly one bucket, so that the pieces of a
   // unit's values and of its gradients are the same elements. Needs shard_gradients.
   std::vector<std::vector<Parameter*>> units{};
+  // HSDP (dist/shard_groups.h): this DataParallel's communicator is a shard group, and
+  // `replicas` the ranks of the other groups that own the same pieces. Each bucket is
+  // reduce-scattered inside the group, then this rank's reduced piece allreduced over `replicas`
+  // (ReducerOptions::replicas); gradients divide by the whole job's size; the step status (used
+  // parameters, sync decisions) is the job's; construction checks the parameters and broadcasts
+  // rank 0's values over both. Needs shard_gradients; not under dist::Join.
+  comm::Communicator* replicas = nullptr;
 };
 
 class SyncState;  // Composer's sync strategies' state (sync_strategy.h)

@@ -108,6 +108,11 @@ struct ReducerOptions {
   // first completes the oldest, on the engine's thread: the working set of full-size gradient
   // memory under reduce_scatter is then this many buckets plus the one being written.
   std::size_t max_buckets_in_flight = 0;
+  // HSDP (dist/shard_groups.h), with reduce_scatter: the ranks of the other shard groups that own
+  // the same pieces. Once a bucket's reduce-scatter inside the group has landed, this rank's
+  // reduced piece is allreduced over them (on the engine's thread, when the bucket completes),
+  // so only one piece per rank crosses between groups. Null, or of size 1: no other group.
+  comm::Communicator* replicas = nullptr;
 };
 
 // One bucket as formed: its members and the layout of its flat buffer (what hooks receive).

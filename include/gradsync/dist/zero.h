@@ -28,6 +28,9 @@
 // Clipping and the GradScaler's finite check see the statistics of the owned pieces summed
 // over ranks (one small allreduce), the same on every rank. Checkpoints: save_sharded /
 // load_sharded (each rank its shard) and save_consolidated (one file an unsharded run loads).
+// HSDP (DataParallelOptions::replicas, dist/shard_groups.h): everything above runs over the
+// DataParallel's shard group; the groups hold the same pieces, so shard group 0 writes every
+// checkpoint (the others learn how it went) and every group loads.
 #pragma once
 
 #include <cstdint>
