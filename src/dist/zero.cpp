@@ -81,6 +81,13 @@ struct ZeroOptimizer::Impl {
   }
   comm::Communicator* ddp_replicas = nullptr;  // DataParallelOptions::replicas (HSDP), or null
 
+  // HSDP: every group made its pieces alone; they must be the same in every group.
+  void check_replicas(const std::string& who) const {
+    if (ddp_replicas != nullptr && ddp_replicas->size() > 1) {
+      zero_model::require_same_pieces(optimizer.registry(), *ddp_replicas, shards.layout(), who);
+    }
+  }
+
   ZeroUnits& stage3(const char* what) const {
     GRADSYNC_CHECK(units != nullptr, "ZeroOptimizer::", what, ": stage ", options.stage, " has no units (stage 3 does)");
     return *units;
@@ -156,12 +163,14 @@ void ZeroOptimizer::initialize(const std::function<init::Rule(const Parameter&)>
   impl_->shards.wait_all();
   if (impl_->units) impl_->units->release_all();  // a gathered unit's other pieces would be stale
   zero_model::initialize(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), rule_of, seed);
+  impl_->check_replicas("ZeroOptimizer::initialize");
 }
 
 void ZeroOptimizer::load_model(const std::filesystem::path& model) {
   impl_->shards.wait_all();
   if (impl_->units) impl_->units->release_all();
   zero_model::load(impl_->optimizer.registry(), impl_->comm, impl_->shards.layout(), model);
+  impl_->check_replicas("ZeroOptimizer::load_model");
 }
 
 void ZeroOptimizer::save_model(const std::filesystem::path& path, const io::Metadata& metadata) {

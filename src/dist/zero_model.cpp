@@ -134,6 +134,19 @@ std::uint64_t checksum(const ParameterRegistry& registry, comm::Communicator& co
   return total;
 }
 
+void require_same_pieces(const ParameterRegistry& registry, comm::Communicator& replicas, const ShardLayout& layout,
+                         const std::string& who) {
+  std::vector<std::uint64_t> sums(registry.size(), 0);
+  for (const Piece& piece : held_pieces(registry, layout)) {
+    sums[piece.parameter->index()] += io::piece_checksum(piece.parameter->name(), piece.first, arena_view(registry, piece));
+  }
+  std::vector<std::string> lines;
+  for (const Parameter& parameter : registry) {
+    lines.push_back("'" + parameter.name() + "': pieces' checksum " + io::hex_digest(sums[parameter.index()]));
+  }
+  require_same_lines(replicas, lines, who, "pieces across the shard groups", "Parameter");
+}
+
 void save(const ParameterRegistry& registry, comm::Communicator& comm, const ShardLayout& layout,
           const std::filesystem::path& path, const io::Metadata& metadata) {
   const std::string who = "ZeroOptimizer::save_model('" + path.string() + "')";

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <string>
 
 #include "gradsync/dist/zero.h"
 #include "zero_checkpoint.h"
@@ -38,5 +39,10 @@ void load(ParameterRegistry& registry, comm::Communicator& comm, const ShardLayo
 void save(const ParameterRegistry& registry, comm::Communicator& comm, const ShardLayout& layout,
           const std::filesystem::path& path, const io::Metadata& metadata);
 std::uint64_t checksum(const ParameterRegistry& registry, comm::Communicator& comm, const ShardLayout& layout);
+// HSDP: the ranks of `replicas` hold the same pieces; this compares each parameter's checksum of
+// them (the replicas' check without moving a value), an error on every rank naming the first
+// parameter that differs. Collective over `replicas`.
+void require_same_pieces(const ParameterRegistry& registry, comm::Communicator& replicas, const ShardLayout& layout,
+                         const std::string& who);
 
 }  // namespace gradsync::dist::zero_model

@@ -200,6 +200,27 @@ TEST(Hsdp, CheckpointsAreWrittenByGroupZeroAndLoadedByEveryGroup) {
          }});
 }
 
+// A model initialized by pieces in every group (never broadcast): the replicas' check compares
+// the groups' pieces by their checksums; a group initialized with another seed is an error on
+// every rank naming the first parameter that differs.
+TEST(Hsdp, GroupsInitializeAloneAndTheirPiecesAreCompared) {
+  std::uint64_t flat_checksum = 0;
+  train({.world = 4, .group_size = 0, .steps = 0, .before = [&](dist::ZeroOptimizer& zero, Communicator& world) {
+           zero.initialize([](const Parameter&) { return init::normal(0.0, 0.1); }, 7);
+           const std::uint64_t checksum = zero.model_checksum();
+           if (world.rank() == 0) flat_checksum = checksum;
+         }});
+  train({.world = 4, .group_size = 2, .steps = 0, .before = [&](dist::ZeroOptimizer& zero, Communicator&) {
+           zero.initialize([](const Parameter&) { return init::normal(0.0, 0.1); }, 7);
+           EXPECT_EQ(zero.model_checksum(), flat_checksum);
+         }});
+  train({.world = 4, .group_size = 2, .steps = 0, .before = [&](dist::ZeroOptimizer& zero, Communicator& world) {
+           const std::uint64_t seed = world.rank() < 2 ? 7 : 8;  // group 1 differs
+           EXPECT_GRADSYNC_ERROR(zero.initialize([](const Parameter&) { return init::normal(0.0, 0.1); }, seed),
+                                 "pieces across the shard groups", "'0.weight'");
+         }});
+}
+
 TEST(Hsdp, Errors) {
   comm::run_gloo_thread_group(4, [](Communicator& world) {
     EXPECT_GRADSYNC_ERROR(dist::ShardGroups(world, 3), "groups of 3 ranks do not divide the world of 4");
