@@ -103,13 +103,15 @@ std::vector<double> as_doubles(const std::vector<char>& bytes, DType dtype) {
   return t.to_double_vector();
 }
 
-std::shared_ptr<nn::Sequential> fixture_mlp(ParameterRegistry& registry) {
+std::shared_ptr<nn::Sequential> fixture_mlp(ParameterRegistry& registry, const io::SafetensorsReader& fixture) {
   auto layers = std::make_shared<nn::Sequential>(registry);
   layers->add<nn::Linear>("0", 8, 16);
   layers->add<nn::ReLU>();
   layers->add<nn::Linear>("2", 16, 16);
   layers->add<nn::ReLU>();
   layers->add<nn::Linear>("4", 16, 4);
+  registry.finalize();
+  for (Parameter& p : registry) p.value().copy_from(fixture.read("init." + p.name()));
   return layers;
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "gradsync/io/safetensors.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/registry/parameter_registry.h"
 
@@ -31,8 +32,8 @@ struct Regression {
 
 // The MLP of the FSDP2 fixtures (tests/reference/generate_fsdp_fixtures.py): Linear(8, 16), ReLU,
 // Linear(16, 16), ReLU, Linear(16, 4), its parameters named as torch.nn.Sequential's ("0.weight",
-// ...). Registered, not finalized.
-std::shared_ptr<nn::Sequential> fixture_mlp(ParameterRegistry& registry);
+// ...). The registry is finalized and each value read from the fixture's "init.<name>".
+std::shared_ptr<nn::Sequential> fixture_mlp(ParameterRegistry& registry, const io::SafetensorsReader& fixture);
 
 // Parameters of odd sizes, so that ZeRO's pieces cut through them; each rank's gradient depends
 // on the current weights, its rank, the step and the microbatch.

@@ -64,9 +64,7 @@ Outcome train(const Run& run) {
     if (run.group_size > 0) groups.emplace(world, run.group_size);
     Communicator& comm = groups ? groups->shard() : world;
     ParameterRegistry registry;
-    auto layers = testing::fixture_mlp(registry);
-    registry.finalize();
-    for (Parameter& p : registry) p.value().copy_from(fixture().read("init." + p.name()));
+    auto layers = testing::fixture_mlp(registry, fixture());
     optim::Hyperparameters hyperparameters;
     for (const auto& [key, value] : settings.at(run.optimizer).items()) hyperparameters[key] = value.get<double>();
     auto opt = testing::make_test_optimizer(run.optimizer, registry, hyperparameters);

@@ -391,9 +391,7 @@ TEST(Zero3, MatchesPyTorchFSDP2) {
       const std::string where = std::to_string(world) + " ranks, " + name;
       comm::run_gloo_thread_group(world, [&](Communicator& comm) {
         ParameterRegistry registry;
-        auto layers = testing::fixture_mlp(registry);
-        registry.finalize();
-        for (Parameter& p : registry) p.value().copy_from(fixture.read("init." + p.name()));
+        auto layers = testing::fixture_mlp(registry, fixture);
         optim::Hyperparameters hyperparameters;
         for (const auto& [key, value] : settings.at(optimizer).items()) hyperparameters[key] = value.get<double>();
         auto opt = testing::make_test_optimizer(optimizer, registry, hyperparameters);

@@ -91,8 +91,8 @@ def train(net, optimizer, rank, micro, every=True):
     return losses, {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
 
 
-def record_batches(tensors, world):
-    for step in range(STEPS):
+def record_batches(tensors, world, steps=STEPS):
+    for step in range(steps):
         for rank in range(world):
             x, y = batch(step, rank)
             tensors[f"data.step{step}.rank{rank}.x"] = x
