@@ -81,6 +81,6 @@ else
   # The reproducible folds on 5 ranks (100 s under TSan) repeat the 3-rank ones' odd world with
   # one thread pair more; 2-4 ranks run here.
   sweeps+=":WorldsAndAlgorithms/Reproducible.*/5_ranks*"
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero zero_model hsdp local_sgd staging devices store reproducible split hierarchical powersgd \
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero zero_model hsdp local_sgd diloco staging devices store reproducible split hierarchical powersgd \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:$sweeps"
 fi

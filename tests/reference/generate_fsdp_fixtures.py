@@ -99,17 +99,31 @@ def record_batches(tensors, world, steps=STEPS):
             tensors[f"data.step{step}.rank{rank}.y"] = y
 
 
-def run_case(tensors, prefix, world, worker, args):
+def run_case(tensors, prefix, world, worker, args, every_rank_final=False):
     """Spawns `world` processes of worker(rank, *args, store_path, results) and records every rank's
-    losses and rank 0's final weights under `prefix`."""
+    losses and rank 0's final weights under `prefix` (every rank's, `every_rank_final`: replicas
+    that differ at the end)."""
     with tempfile.TemporaryDirectory() as folder:
         manager = mp.Manager()
         results = manager.dict()
         mp.spawn(worker, args=(*args, os.path.join(folder, "store"), results), nprocs=world)
         for rank in range(world):
             tensors[f"{prefix}.rank{rank}.losses"] = torch.tensor(results[rank][0], dtype=torch.float64)
-        for pname, value in results[0][1].items():
-            tensors[f"{prefix}.final.{pname}"] = value
+            for pname, value in results[rank][1].items():
+                if every_rank_final:
+                    tensors[f"{prefix}.rank{rank}.final.{pname}"] = value
+                elif rank == 0:
+                    tensors[f"{prefix}.final.{pname}"] = value
+
+
+def run_worlds(tensors, worlds, cases, worker, steps=STEPS, every_rank_final=False):
+    """Every case on every world: worker(rank, world, case, store_path, results), recorded under
+    "w<world>.<case>", with the batches of `steps` steps."""
+    for world in worlds:
+        record_batches(tensors, world, steps)
+        for name in cases:
+            run_case(tensors, f"w{world}.{name}", world, worker, (world, name), every_rank_final)
+            print(f"{world} ranks, {name}: done", flush=True)
 
 
 def worker(rank, world, case, store_path, results):
@@ -122,10 +136,7 @@ def worker(rank, world, case, store_path, results):
 
 def main():
     tensors = {f"init.{name}": p.detach().clone() for name, p in model().named_parameters()}
-    for world in (2, 3, 4):
-        record_batches(tensors, world)
-        for name in CASES:
-            run_case(tensors, f"w{world}.{name}", world, worker, (world, name))
+    run_worlds(tensors, (2, 3, 4), CASES, worker)
     meta = {"steps": str(STEPS), "batch": str(BATCH), "settings": json.dumps(SETTINGS), "torch": torch.__version__}
     save_file({k: v.contiguous() for k, v in tensors.items()}, OUT, metadata=meta)
     print(f"wrote {OUT}: {len(tensors)} tensors")

@@ -52,22 +52,8 @@ def worker(rank, world, case, store_path, results):
 
 
 def main():
-    import tempfile
-    import torch.multiprocessing as mp
     tensors = {f"init.{name}": p.detach().clone() for name, p in fsdp.model().named_parameters()}
-    for world in (2, 3, 4):
-        fsdp.record_batches(tensors, world, STEPS)
-        for name in CASES:
-            with tempfile.TemporaryDirectory() as folder:
-                manager = mp.Manager()
-                results = manager.dict()
-                mp.spawn(worker, args=(world, name, os.path.join(folder, "store"), results), nprocs=world)
-                for rank in range(world):
-                    losses, final = results[rank]
-                    tensors[f"w{world}.{name}.rank{rank}.losses"] = torch.tensor(losses, dtype=torch.float64)
-                    for pname, value in final.items():
-                        tensors[f"w{world}.{name}.rank{rank}.final.{pname}"] = value
-            print(f"{world} ranks, {name}: done", flush=True)
+    fsdp.run_worlds(tensors, (2, 3, 4), CASES, worker, STEPS, every_rank_final=True)
     settings = {name: fsdp.SETTINGS[optimizer] | {"period": period, "warmup": warmup}
                 for name, (optimizer, period, warmup) in CASES.items()}
     meta = {"steps": str(STEPS), "settings": json.dumps(settings), "torch": torch.__version__}
