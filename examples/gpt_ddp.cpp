@@ -143,7 +143,6 @@ int main(int argc, char** argv) try {
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
   GRADSYNC_CHECK(shard_group < 0 || zero_stage >= 2, "--shard-group ", shard_group, " needs --zero 2 or 3 (HSDP shards ",
                  "the gradients inside each group)");
-  GRADSYNC_CHECK(shard_group < 0 || !uneven, "--shard-group does not combine with --uneven (Join is not run under HSDP)");
   GRADSYNC_CHECK(!(uneven && restarts.checkpoint_every > 0), "--uneven does not combine with --checkpoint-every: ranks ",
                  "with uneven inputs reach a step count at different times (checkpoints are written at the end)");
   GRADSYNC_CHECK(zero_stage < 3 || precision == "f32", "--zero 3 --precision ", precision, ": stage 3 runs f32 ",

@@ -167,7 +167,7 @@ struct DataParallel::Impl {
       if (!used_in_window[parameters[i]->index()]) missing.push_back(i);
     }
     reducer->finish();
-    StepStatus status(count, comm);
+    StepStatus status(count, comm, options.replicas);
     for (std::size_t i = 0; i < count; ++i) {
       if (used_in_window[parameters[i]->index()]) status.set_used(i);
     }
@@ -182,7 +182,7 @@ struct DataParallel::Impl {
     last_used_counts.assign(count, 0);
     for (std::size_t i = 0; i < count; ++i) last_used_counts[i] = status.used_count(i);
     const Census census = status.census();
-    sync.read(status, comm.rank());
+    sync.read(status, job_rank());
 
     if (!census.missed.empty()) raise_missing(join_flags ? std::vector<std::size_t>{} : missing, census.missed);
     // Globally unused parameters keep an undefined gradient (the zero-fill was only for the
@@ -191,7 +191,7 @@ struct DataParallel::Impl {
       if (last_used_counts[i] == 0 && undefined_before[i]) parameters[i]->zero_grad(/*set_to_undefined=*/true);
     }
     if (census.joined > 0 && join_flags == 0) react_to_joined(census);
-    const int world = comm.size();
+    const int world = job_size();
     if (census.joined > 0 && census.joined < world && join_options != nullptr &&
         !join_options->divide_by_initial_world_size && !hook_registered) {
       // The buckets divided by the world size: make it the number of ranks still active. On
@@ -203,6 +203,10 @@ struct DataParallel::Impl {
     }
     return census;
   }
+
+  // The ranks of the job (every shard group's under HSDP) and this one's number among them.
+  int job_size() const { return StepStatus::job_size(comm, options.replicas); }
+  int job_rank() const { return StepStatus::job_rank(comm, options.replicas); }
 
   // An active rank's step in which `census.joined` ranks contributed zeros.
   void react_to_joined(const Census& census) {
@@ -234,7 +238,7 @@ struct DataParallel::Impl {
     const Census census = finalize(/*tolerate_missing=*/true, step.first ? kJoined | kJoinedThisStep : kJoined);
     step.synchronized = true;
     step.joined = census.joined;
-    step.world = comm.size();
+    step.world = job_size();
     step.last_joiner = census.last_joiner;
     // A carried step (MULTI before the final microbatch) is followed by another synchronization,
     // not by the optimizer.
@@ -314,8 +318,6 @@ void DataParallel::join_opened(const JoinOptions* options) {
 
 void DataParallel::require_joinable() const {
   impl_->reducer->require_usable("Join::join");
-  GRADSYNC_CHECK(impl_->options.replicas == nullptr, "Join::join: not under HSDP (DataParallelOptions::replicas): a ",
-                 "joined rank's shadow steps would have to be answered across the shard groups too");
   GRADSYNC_CHECK(!impl_->in_backward, "Join::join inside a backward: call end_backward() first");
   GRADSYNC_CHECK(!impl_->sync.auto_window_open(), "Join::join inside a ddp_sync_context window: close the window first");
   GRADSYNC_CHECK(!impl_->reducer->round_started(), "Join::join with a synchronized step half launched");
@@ -329,15 +331,23 @@ void DataParallel::finish_join(int last_joiner) {
   // stepping theirs: nothing to copy (the last joiner's other pieces are released). The same
   // decision on every rank: the units agree.
   if (!impl_->options.units.empty()) return impl_->sync.restart_trials_unless_decided();
-  // The last joiner has taken every step: its replica is the one to keep.
+  // The last joiner has taken every step: its replica is the one to keep. Under HSDP it is
+  // group g's rank r (StepStatus::job_rank): to its place in every group, then inside each.
+  comm::Communicator* replicas = impl_->options.replicas;
+  const int group_size = impl_->comm.size();
   for (const Arena& arena : impl_->registry.arenas()) {
     Tensor values = arena.values;
-    impl_->comm.broadcast(values, last_joiner);
+    if (replicas != nullptr && replicas->size() > 1) replicas->broadcast(values, last_joiner / group_size);
+    impl_->comm.broadcast(values, last_joiner % group_size);
   }
   // An AUTO trial cut short by the join counted different windows on different ranks.
   impl_->sync.restart_trials_unless_decided();
 }
 
 comm::Communicator& DataParallel::join_communicator() const { return impl_->comm; }
+
+int DataParallel::join_rank() const { return impl_->job_rank(); }
+
+int DataParallel::join_world_size() const { return impl_->job_size(); }
 
 }  // namespace gradsync::dist

@@ -28,7 +28,7 @@ int run_join_loop(const std::vector<Joinable*>& participants, bool throw_on_earl
   GRADSYNC_CHECK(!participants.empty(), "Join: no participant to shadow");
   for (const Joinable* participant : participants) participant->require_joinable();
   for (Joinable* participant : participants) participant->begin_shadowing();
-  const int rank = participants.front()->join_communicator().rank();
+  const int rank = participants.front()->join_rank();
   int last_joiner = rank;
   for (bool first = true;; first = false) {
     JoinStep step{.first = first};
@@ -96,18 +96,22 @@ void Join::leave() {
 int Join::join() {
   GRADSYNC_CHECK(!joined_, "Join::join called twice");
   joined_ = true;
-  comm::Communicator& comm = participants_.front()->join_communicator();
-  if (!options_.enable) return comm.rank();
+  Joinable& front = *participants_.front();
+  if (!options_.enable) return front.join_rank();
   struct Leave {  // the Join ends when join() does, also when it throws
     Join& join;
     ~Leave() { join.leave(); }
   } leave{*this};
-  if (comm.size() == 1) return 0;
+  if (front.join_world_size() == 1) return 0;
   timeline::Span span("join", "join (shadowing)");
   const int last_joiner = run_join_loop(participants_, options_.throw_on_early_termination);
   // The last joiner's optimizer state everywhere. A sharded optimizer (ZeRO) kept stepping its
   // pieces on the joined ranks: nothing to copy.
-  if (optimizer_ != nullptr && !optimizer_->sharded()) broadcast_optimizer_state(*optimizer_, comm, last_joiner);
+  if (optimizer_ != nullptr && !optimizer_->sharded()) {
+    GRADSYNC_CHECK(front.join_world_size() == front.join_communicator().size(), "Join: under HSDP the optimizer ",
+                   "is a ZeroOptimizer, whose pieces step on the joined ranks too (nothing to broadcast); got another");
+    broadcast_optimizer_state(*optimizer_, front.join_communicator(), last_joiner);
+  }
   return last_joiner;
 }
 

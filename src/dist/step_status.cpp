@@ -17,8 +17,16 @@ constexpr std::size_t kAutoTimes = 2;
 constexpr std::size_t kTailWords = 5;
 }  // namespace
 
-StepStatus::StepStatus(std::size_t parameters, const comm::Communicator& comm)
-    : parameters_(parameters), world_(comm.size()), rank_(comm.rank()),
+int StepStatus::job_rank(const comm::Communicator& comm, const comm::Communicator* replicas) {
+  return replicas == nullptr ? comm.rank() : replicas->rank() * comm.size() + comm.rank();
+}
+
+int StepStatus::job_size(const comm::Communicator& comm, const comm::Communicator* replicas) {
+  return replicas == nullptr ? comm.size() : replicas->size() * comm.size();
+}
+
+StepStatus::StepStatus(std::size_t parameters, const comm::Communicator& comm, const comm::Communicator* replicas)
+    : parameters_(parameters), world_(job_size(comm, replicas)), rank_(job_rank(comm, replicas)),
       words_(Tensor::zeros({static_cast<std::int64_t>(parameters + static_cast<std::size_t>(world_) + kTailWords)},
                            DType::f64)) {}
 
@@ -49,12 +57,9 @@ void StepStatus::exchange(comm::Communicator& comm, const std::function<void()>&
   errors.wait(work);
   errors.rethrow();
   if (replicas == nullptr || replicas->size() == 1) return;
+  GRADSYNC_CHECK(world_ == job_size(comm, replicas), "StepStatus: exchanged across shard groups it was not made for");
   const comm::OperationLabel label("step status across shard groups");
-  Tensor flags = Tensor::empty({world_}, DType::f64);
-  flags.copy_from(words_.view(parameters_, {world_}));
   replicas->allreduce_host(words_, comm::ReduceOp::sum);
-  replicas->allreduce_host(flags, comm::ReduceOp::max);
-  words_.view(parameters_, {world_}).copy_from(flags);
 }
 
 int StepStatus::used_count(std::size_t parameter) const { return static_cast<int>(words()[parameter]); }

@@ -6,8 +6,9 @@
 // reads the same result:
 //   * usage: one word per parameter, 1 when this rank used it in the accumulation window; the
 //     sum is how many ranks did (find_unused_parameters' defined/undefined decision);
-//   * one flags word per rank, which only that rank writes (RankFlag: who missed gradients,
-//     who has joined, who joined in this very step);
+//   * one flags word per rank of the job, which only that rank writes (RankFlag: who missed
+//     gradients, who has joined, who joined in this very step); under HSDP the job is every
+//     shard group, its ranks numbered group by group (job_rank below);
 //   * carry: this step's average is carried into the next synchronized step of the same window
 //     (MULTI_AUTO_SYNC before the final microbatch), which a joined rank must then repeat;
 //   * AUTO's decision: a flag and the three strategies' trial times, summed over ranks.
@@ -42,8 +43,14 @@ struct Census {
 
 class StepStatus {
  public:
-  // A status with `parameters` usage words, over the ranks of `comm`.
-  StepStatus(std::size_t parameters, const comm::Communicator& comm);
+  // A status with `parameters` usage words, over the ranks of `comm` and, under HSDP, of every
+  // shard group (`replicas`: the same place in each group).
+  StepStatus(std::size_t parameters, const comm::Communicator& comm, const comm::Communicator* replicas = nullptr);
+
+  // This rank's number in the job: group g's rank r is g * (group size) + r, as ShardGroups
+  // lays the world out (the rank itself without HSDP). Census ranks are these.
+  static int job_rank(const comm::Communicator& comm, const comm::Communicator* replicas);
+  static int job_size(const comm::Communicator& comm, const comm::Communicator* replicas);
 
   // --- This rank's contribution, before exchange().
   void set_used(std::size_t parameter);
@@ -55,9 +62,8 @@ class StepStatus {
   // whatever the step overlaps with it), then the status is waited for. Whatever throws, the
   // allreduce is waited for before this returns (it writes into this object); the first error
   // is the one rethrown.
-  // `replicas` (HSDP): the status is then summed over them too, each rank's flags word combined
-  // by max (under HSDP only kMissedGradients can be set: Join is refused), so every group reads
-  // the job's status and decides alike.
+  // `replicas` (HSDP, as given to the constructor): the status is then summed over them too,
+  // so every group reads the job's status and decides alike.
   void exchange(comm::Communicator& comm, const std::function<void()>& meanwhile,
                 comm::Communicator* replicas = nullptr);
 
@@ -73,8 +79,8 @@ class StepStatus {
   const double* words() const;
 
   std::size_t parameters_;
-  int world_;
-  int rank_;
+  int world_;  // ranks in the job
+  int rank_;   // this rank's job_rank
   Tensor words_;  // [usage | flags per rank | carry | AUTO flag | 3 trial times]
 };
 

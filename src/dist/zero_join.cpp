@@ -19,7 +19,10 @@ std::shared_ptr<const std::string> control_label() {
 }  // namespace
 
 ZeroJoin::ZeroJoin(optim::Optimizer& optimizer, comm::Communicator& comm, DataParallel* ddp, int stage)
-    : optimizer_(optimizer), comm_(comm), ddp_(ddp), stage_(stage) {}
+    : optimizer_(optimizer), comm_(comm), ddp_(ddp), stage_(stage) {
+  comm::Communicator* replicas = ddp != nullptr ? ddp->options().replicas : nullptr;
+  if (replicas != nullptr && replicas->size() > 1) replicas_ = replicas->duplicate();  // collective: every rank constructs
+}
 
 ZeroJoin::~ZeroJoin() { end_shadow_thread(/*stop=*/true); }
 
@@ -61,16 +64,33 @@ ZeroJoin::Control ZeroJoin::control(double kind, double unscale, double clip) {
   const comm::OperationLabel label(control_label());
   Tensor words = control_words(kind, unscale, clip);
   comm_.allreduce_host(words, comm::ReduceOp::max);
+  if (crosses_groups(words)) replicas_->allreduce_host(words, comm::ReduceOp::max);
   return parse_control(words);
 }
 
-// The shadow thread's control(0, 0, 0): its allreduce polled (every 100 us: the gather it
+// Under HSDP, every word but a gather goes across the groups as well (zero_join.h). The same
+// decision on every rank of every group: a group's word is the same on its ranks, and a gather
+// word is only ever this group's.
+bool ZeroJoin::crosses_groups(const Tensor& words) const {
+  return replicas_ != nullptr && words.data_as<double>()[0] != kGather;
+}
+
+// The shadow thread's control(0, 0, 0): its allreduces polled (every 100 us: the gather it
 // announces waits for this rank's answer), so that a Join left abnormally (an exception on this
 // rank) does not wait for the communicator's timeout.
 ZeroJoin::Control ZeroJoin::shadow_control() {
   const comm::OperationLabel label(control_label());
   shadow_words_ = control_words(0, 0, 0);
   comm::WorkHandle work = comm_.allreduce_async(shadow_words_, comm::ReduceOp::max);
+  wait_polled(work);
+  if (crosses_groups(shadow_words_)) {
+    work = replicas_->allreduce_async(shadow_words_, comm::ReduceOp::max);
+    wait_polled(work);
+  }
+  return parse_control(shadow_words_);
+}
+
+void ZeroJoin::wait_polled(comm::WorkHandle& work) {
   while (!work->is_completed()) {
     if (shadow_stop_.load()) {
       detail::throw_error("ZeroOptimizer: the Join was left before every rank joined (the shadow thread stopped)");
@@ -78,7 +98,6 @@ ZeroJoin::Control ZeroJoin::shadow_control() {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   work->wait();  // its error, if it failed
-  return parse_control(shadow_words_);
 }
 
 Tensor ZeroJoin::control_words(double kind, double unscale, double clip) const {

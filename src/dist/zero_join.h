@@ -18,11 +18,18 @@
 //    shadowing the synchronization they follow (which writes the reduced pieces they read); the
 //    rank's own thread then waits until that step is done. When every rank has joined, every
 //    rank's shadow thread is in the same control allreduce, all with zeros: kind 0 ends them.
+//  * HSDP (DataParallelOptions::replicas): the gathers stay inside the shard group, but a group
+//    whose ranks have all joined still steps its pieces (the other groups' gradients reach it
+//    through the cross-group allreduce) and no rank of it sends a word. So every word but a
+//    gather is followed by a second allreduce (max) of it across the groups, on a duplicate of
+//    the replicas communicator: all zeros inside a group, it carries an active group's
+//    statistics or step, and all zeros across the groups too ends the shadow threads.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -66,6 +73,8 @@ class ZeroJoin final : public StepPhases {
   void require_no_scaler() const;
   Control control(double kind, double unscale, double clip);
   Control shadow_control();
+  bool crosses_groups(const Tensor& words) const;
+  void wait_polled(comm::WorkHandle& work);
   Tensor control_words(double kind, double unscale, double clip) const;
   static Control parse_control(const Tensor& words);
   void follow(const Control& word);
@@ -74,6 +83,7 @@ class ZeroJoin final : public StepPhases {
 
   optim::Optimizer& optimizer_;
   comm::Communicator& comm_;
+  std::unique_ptr<comm::Communicator> replicas_;  // HSDP: the words' second allreduce, across the groups
   DataParallel* ddp_;
   int stage_;
   bool inside_join_ = false;  // a dist::Join over this ZeroOptimizer is open on this rank

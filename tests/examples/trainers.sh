@@ -149,6 +149,14 @@ PY
         --save "$scratch/uneven$stage.safetensors"
     done
     for stage in 1 2 3; do "$compare" "$scratch/uneven0.safetensors" "$scratch/uneven$stage.safetensors" 1e-6; done
+    # ... and under HSDP on 4 ranks (2 groups of 2, ZeRO 3): ranks 2 and 3 run out first (13 and 12
+    # of 20 steps), so group 1 shadows whole while group 0 steps on; the same weights as ZeRO 3
+    # over all 4 ranks under the same Join.
+    for group in 2 -1; do
+      mpirun --allow-run-as-root --oversubscribe -np 4 "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 1 \
+        --backend mpi --uneven --zero 3 --shard-group $group --save "$scratch/uneven_hsdp$group.safetensors"
+    done
+    "$compare" "$scratch/uneven_hsdp-1.safetensors" "$scratch/uneven_hsdp2.safetensors" 1e-6
     # The end of a run: the validation loss over the ranks, and a sample of 20 tokens.
     "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --steps 20 --batch 2 --val "$fixtures/gpt_train.bin" --sample 20 \
       >"$scratch/end.txt"
@@ -170,7 +178,7 @@ PY
          > "$scratch/refused" 2>&1; then echo "a model file without its optimizer file resumed"; exit 1; fi
     grep -q "keeps its optimizer state in .*lonely.optimizer-.*, which is not there" "$scratch/refused"
     echo "gpt_ddp's 20 steps match PyTorch on 1, 2 and 4 ranks, ZeRO 1, 2, 3 and HSDP (2 groups of 2, ZeRO 2 and 3), every sync strategy and bf16 included;" \
-      "uneven runs end alike under ZeRO 0-3; a resumed run is byte for byte" ;;
+      "uneven runs end alike under ZeRO 0-3 and HSDP; a resumed run is byte for byte" ;;
   gpt_cuda)  # the gpt case's 20 steps with the model on a GPU (examples/gpt/gpt_kernels.cu), against the
              # same PyTorch fixtures and bounds: one rank, two sharing the GPU through Gloo (staged through
              # the host), ZeRO 3 over those two, bf16 (the CPU's two-rank bounds: cuBLAS sums in another

@@ -37,7 +37,7 @@ const io::SafetensorsReader& fixture() {
 // One run of the fixture's MLP: `group_size` ranks per shard group (0: no HSDP, stage `stage`
 // over every rank), `steps` steps of the fixture's batches (each rank its world rank's), then
 // `after` with the ZeroOptimizer and the model. Returns rank 0's losses and final weights.
-struct Run {
+struct HsdpRun {
   int world = 4;
   int group_size = 2;
   int stage = 3;
@@ -47,18 +47,26 @@ struct Run {
   int steps = 6;
   std::function<void(dist::ZeroOptimizer&, Communicator&)> before{};
   std::function<void(dist::ZeroOptimizer&, Communicator&)> after{};
+  // Uneven inputs: each world rank's number of steps (instead of `steps`), inside a dist::Join
+  // with these options.
+  std::vector<int> rank_steps{};
+  std::optional<dist::JoinOptions> join{};
 };
 
 struct Outcome {
   std::vector<std::vector<double>> losses;  // by world rank
   std::vector<std::vector<double>> finals;  // by world rank: every parameter's values in order
+  std::vector<int> last_joiner;             // by world rank, under `join`
+  std::vector<std::string> terminations;    // by world rank: "step s: what" of a JoinEarlyTermination
 };
 
-Outcome train(const Run& run) {
+Outcome train(const HsdpRun& run) {
   const nlohmann::json settings = nlohmann::json::parse(fixture().metadata().at("settings"));
   Outcome outcome;
   outcome.losses.resize(static_cast<std::size_t>(run.world));
   outcome.finals.resize(static_cast<std::size_t>(run.world));
+  outcome.last_joiner.assign(static_cast<std::size_t>(run.world), -1);
+  outcome.terminations.resize(static_cast<std::size_t>(run.world));
   comm::run_gloo_thread_group(run.world, [&](Communicator& world) {
     std::optional<dist::ShardGroups> groups;
     if (run.group_size > 0) groups.emplace(world, run.group_size);
@@ -77,8 +85,8 @@ Outcome train(const Run& run) {
     dist::ZeroOptimizer zero(*opt, model.data_parallel(), {.stage = run.stage});
     if (run.stage == 3) sharded->attach(zero);
     if (run.before) run.before(zero, world);
-    std::vector<double> losses;
-    for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
+    const int steps = run.rank_steps.empty() ? run.steps : run.rank_steps[static_cast<std::size_t>(world.rank())];
+    auto train_step = [&](int step) {
       const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(world.rank());
       const Tensor x = fixture().read(batch + ".x"), y = fixture().read(batch + ".y");
       const std::int64_t rows = x.shape()[0] / run.micro, columns = x.shape()[1];
@@ -93,7 +101,18 @@ Outcome train(const Run& run) {
       }
       zero.step();
       zero.zero_grad();
-      losses.push_back(step_loss);
+      return step_loss;
+    };
+    std::vector<double> losses;
+    int step = run.first_step;
+    try {  // a Join ends with the scope an exception leaves (as PyTorch's context manager)
+      std::optional<dist::Join> join;
+      if (run.join) join.emplace(std::vector<dist::Joinable*>{&model.data_parallel(), &zero}, *run.join);
+      for (; step < run.first_step + steps; ++step) losses.push_back(train_step(step));
+      if (join) outcome.last_joiner[static_cast<std::size_t>(world.rank())] = join->join();
+    } catch (const dist::JoinEarlyTermination& error) {
+      outcome.terminations[static_cast<std::size_t>(world.rank())] = "step " + std::to_string(step) + ": " + error.what();
+      return;
     }
     if (run.after) run.after(zero, world);
     if (run.stage == 3) sharded->gather_all();
@@ -169,6 +188,60 @@ TEST(Hsdp, EqualsShardingOverAllTheRanks) {
   expect_close(train({.world = 4, .group_size = 4, .optimizer = "adam"}).finals[0], flat.finals[0], "one group of 4");
 }
 
+// Uneven inputs under HSDP: a rank out of data joins the whole job. Its shadow steps are
+// answered inside its group and across the groups; a group whose ranks have all joined keeps
+// stepping its pieces with the others (the control words cross the groups). Against stage 3 / 2
+// over all 4 ranks under the same Join (itself checked against PyTorch's Join in test_join):
+// within 1e-6, every replica equal, the same last joiner.
+TEST(Hsdp, JoinsTheWholeJobWithUnevenInputs) {
+  const std::vector<std::vector<int>> schedules{
+      {2, 2, 6, 6},  // group 0 runs out first, whole: group 1 steps on with group 0 shadowing
+      {6, 3, 5, 1},  // one rank of each group runs out; the last joiner is group 0's rank 0
+  };
+  for (const int stage : {3, 2}) {
+    for (const bool divide_by_world : {true, false}) {
+      for (const std::vector<int>& schedule : schedules) {
+        const std::string where = "stage " + std::to_string(stage) + (divide_by_world ? ", / world" : ", / active") +
+                                  ", steps " + std::to_string(schedule[0]) + std::to_string(schedule[1]) +
+                                  std::to_string(schedule[2]) + std::to_string(schedule[3]);
+        const dist::JoinOptions join{.divide_by_initial_world_size = divide_by_world};
+        const HsdpRun flat{.world = 4, .group_size = 0, .stage = stage, .rank_steps = schedule, .join = join};
+        HsdpRun hsdp = flat;
+        hsdp.group_size = 2;
+        const Outcome expected = train(flat), got = train(hsdp);
+        expect_close(got.finals[0], expected.finals[0], where);
+        expect_identical_replicas(got, where);
+        for (std::size_t r = 0; r < 4; ++r) {
+          testing::expect_near_vectors(where + ", losses", got.losses[r], expected.losses[r], 1e-6);
+          EXPECT_EQ(got.last_joiner[r], expected.last_joiner[r]) << where << ", rank " << r;
+        }
+      }
+    }
+  }
+  // Groups of one rank (plain replication across 4 groups): each rank alone in its group.
+  const HsdpRun flat{.world = 4, .group_size = 0, .rank_steps = {3, 6, 1, 4}, .join = dist::JoinOptions{}};
+  HsdpRun singles = flat;
+  singles.group_size = 1;
+  const Outcome expected = train(flat), got = train(singles);
+  expect_close(got.finals[0], expected.finals[0], "groups of 1");
+  expect_identical_replicas(got, "groups of 1");
+  EXPECT_EQ(got.last_joiner, std::vector<int>(4, 1));
+}
+
+// throw_on_early_termination under HSDP (stage 2): every rank of every group raises at the
+// step in which the first rank ran out.
+TEST(Hsdp, EarlyTerminationRaisesInEveryGroup) {
+  const Outcome outcome = train({.world = 4, .group_size = 2, .stage = 2, .rank_steps = {6, 6, 2, 6},
+                                 .join = dist::JoinOptions{.throw_on_early_termination = true}});
+  for (std::size_t r = 0; r < 4; ++r) {
+    const std::string& got = outcome.terminations[r];
+    EXPECT_EQ(got.rfind("step 2: ", 0), 0u) << "rank " << r << ": " << got;
+    const std::string expected = r == 2 ? "Rank 2 exhausted all inputs."
+                                        : "Detected at least one rank that exhausted inputs. Throwing across all ranks.";
+    EXPECT_NE(got.find(expected), std::string::npos) << "rank " << r << ": " << got;
+  }
+}
+
 // Shard group 0 writes the checkpoints, every group loads them: a sharded set and the model file
 // from 3 steps of HSDP resume into 3 more equal to 6 uninterrupted steps, bit for bit; the set
 // has one piece per place in a group; the model file loads into stage 3 over all 4 ranks.
@@ -238,7 +311,8 @@ TEST(Hsdp, Errors) {
     dist::DataParallelOptions options{.shard_gradients = true};
     options.replicas = &groups.replicas();
     dist::DataParallel ddp(registry, groups.shard(), options);
-    EXPECT_GRADSYNC_ERROR(dist::Join({&ddp}), "not under HSDP");
+    EXPECT_EQ(static_cast<dist::Joinable&>(ddp).join_world_size(), 4);
+    EXPECT_EQ(static_cast<dist::Joinable&>(ddp).join_rank(), world.rank());
   });
 }
 

@@ -132,12 +132,14 @@ class DataParallel : public Joinable {
  private:
   // Joinable (join.h, whose hooks only Join calls): a joined rank's shadow step is every bucket
   // in bucket order, with zeros, and the status; at the end, the last joiner's parameters and
-  // buffers everywhere.
+  // buffers everywhere. Under HSDP it joins the job (every shard group's ranks).
   void join_opened(const JoinOptions* options) override;
   void require_joinable() const override;
   void shadow_step(JoinStep& step) override;
   void finish_join(int last_joiner) override;
   comm::Communicator& join_communicator() const override;
+  int join_rank() const override;
+  int join_world_size() const override;
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -36,7 +36,9 @@
 // ddp_sync_context window or with a round half launched is an error. enable = false makes the
 // Join do nothing (PyTorch's enable). A ZeroOptimizer over a DataParallel joins with it:
 // Join({&ddp, &zero}, ...); a Join over the DataParallel alone is then an error at the next
-// optimizer step, not a hang.
+// optimizer step, not a hang. Under HSDP (DataParallelOptions::replicas) a rank joins the whole
+// job: its shadow steps are answered inside its shard group and across the groups, and a group
+// whose ranks have all joined keeps stepping its pieces with the groups still active.
 #pragma once
 
 #include <vector>
@@ -95,6 +97,11 @@ class Joinable {
   virtual void finish_join(int last_joiner) = 0;
   // The communicator of this participant's collectives (PyTorch's join_process_group).
   virtual comm::Communicator& join_communicator() const = 0;
+  // The ranks that join together and this rank's number among them (the last joiner's
+  // numbering): the communicator's, or under HSDP every shard group's ranks, group g's rank r
+  // numbered g * (group size) + r.
+  virtual int join_rank() const { return join_communicator().rank(); }
+  virtual int join_world_size() const { return join_communicator().size(); }  // (above)
 };
 
 // PyTorch's Join context manager over Joinables: a rank out of inputs shadows the others.
@@ -114,7 +121,7 @@ class Join {
 
   // This rank has no more inputs: shadow the others' synchronized steps until every rank has
   // joined, then make every replica equal. Returns the last rank to join (the same on every
-  // rank). Collective.
+  // rank; under HSDP numbered as join_rank says). Collective.
   int join();
   const JoinOptions& options() const { return options_; }  // as given
 
