@@ -24,6 +24,11 @@ Compression parse_compression(const std::string& text) {
   detail::throw_error("unknown compression '", text, "': expected one of none, fp16, bf16");
 }
 
+DType wire_dtype(DType dtype, Compression compression) {
+  if (compression == Compression::none || !is_floating(dtype)) return dtype;
+  return compression == Compression::fp16 ? DType::f16 : DType::bf16;
+}
+
 std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<std::size_t>& sizes, const std::vector<int>& keys,
                                                      const std::vector<std::size_t>& limits, BucketRule rule,
                                                      const std::vector<int>& together) {

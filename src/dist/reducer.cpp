@@ -15,12 +15,6 @@ namespace gradsync::dist {
 
 namespace {
 
-// The 16-bit dtype a bucket travels in, or the bucket's own dtype when it is not compressed.
-DType wire_dtype(DType dtype, Compression compression) {
-  if (compression == Compression::none || !is_floating(dtype)) return dtype;
-  return compression == Compression::fp16 ? DType::f16 : DType::bf16;
-}
-
 // Scale factors on integer gradients truncate, as Horovod's (its tests expect an integer
 // prescale to truncate before the sum); floating gradients scale in their own dtype.
 void scale_gradient(Tensor& values, double factor) {

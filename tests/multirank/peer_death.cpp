@@ -19,6 +19,11 @@
 //     hierarchical          (4 ranks on 2 simulated nodes, hierarchical allreduce forced) the last
 //                           rank dies in one of the allreduces: inside a node, across nodes, or
 //                           waiting on a rank that failed because of it
+//     diloco-outer          DiLoCo (H = 4): the last rank dies before its second outer step, while
+//                           the others average the pseudo-gradients
+//     diloco-streaming      streaming DiLoCo (2 fragments, each reduction landing one inner step
+//                           after its launch): the last rank dies while a fragment's reduction is
+//                           in flight behind the others' inner steps
 //     died-and-followed     (3 ranks) the last rank dies while rank 1 waits for a message from it;
 //                           rank 1 fails and leaves; rank 0, busy meanwhile, then finds both
 //                           connections closed and must say which rank died (rank 1 said in the
@@ -36,6 +41,8 @@
 #include <vector>
 
 #include "gradsync/comm/connect.h"
+#include "gradsync/dist/diloco.h"
+#include "gradsync/kernels/ops.h"
 #include "peer_death.h"
 
 namespace {
@@ -99,6 +106,19 @@ int main(int argc, char** argv) {
         if (step == 3 && comm->rank() == victim) die();
         Tensor value = Tensor::from_vector(std::vector<float>(1 << 18, 1.0f), {1 << 18});
         comm->allreduce(value, comm::ReduceOp::sum);
+      }
+    } else if (phase == "diloco-outer" || phase == "diloco-streaming") {
+      ParameterRegistry registry;
+      registry.add("w", {1 << 20});
+      registry.add("b", {1 << 20});
+      registry.finalize();
+      const bool streaming = phase == "diloco-streaming";
+      dist::DiLoCo diloco(registry, *comm, {.sync_every = 4, .fragments = streaming ? 2 : 1, .delay = streaming ? 1 : 0});
+      for (int step = 0; step < 20; ++step) {
+        // Streaming: fragment 0 launches at inner steps 2, 6, ... and lands one step later.
+        if (step == (streaming ? 6 : 7) && comm->rank() == victim) die();
+        for (Parameter& parameter : registry) ops::scale(parameter.value(), 0.99);  // an inner step
+        diloco.step();
       }
     } else if (phase == "died-and-followed") {
       Tensor message = Tensor::zeros({16}, DType::f32);

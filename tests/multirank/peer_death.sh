@@ -7,7 +7,7 @@ program=$1
 launch=$2/scripts/launch.sh
 export GRADSYNC_TIMEOUT_MS=120000
 failed=0
-for phase in zero1-gather zero2-reduce-scatter zero2-gather zero3-gather zero3-reduce-scatter join-shadow duplicate duplicate-rank0 split hierarchical died-and-followed; do
+for phase in zero1-gather zero2-reduce-scatter zero2-gather zero3-gather zero3-reduce-scatter join-shadow diloco-outer diloco-streaming duplicate duplicate-rank0 split hierarchical died-and-followed; do
   ranks=3
   [[ $phase == hierarchical ]] && ranks=4
   start=$(date +%s%N)

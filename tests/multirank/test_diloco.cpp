@@ -1,11 +1,14 @@
 // DiLoCo (dist/diloco.h) on Gloo ranks-as-threads, against a torch implementation of the paper's
 // algorithm as torchft runs it (tests/reference/generate_diloco_fixtures.py): 2-4 ranks, inner
 // AdamW / SGD / Adam, H = 4, 3, 6, outer Nesterov SGD (and plain SGD at lr 1: model averaging),
-// 24 steps: every rank's loss per step and the final weights within 1e-6. Its checkpoint resumes
+// streaming DiLoCo (3 fragments; with a delay of one step and mixing 0.5; 2 fragments in bf16 on
+// the wire), a warm-up of synchronous steps, 24 steps: every rank's loss per step and the final
+// weights within 1e-6. Its checkpoint resumes
 // bit for bit; a state of another world size or H is refused, naming the difference.
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +17,7 @@
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/diloco.h"
 #include "gradsync/io/safetensors.h"
+#include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
 #include "models.h"
 #include "optimizers.h"
@@ -29,18 +33,19 @@ const io::SafetensorsReader& fixture() {
   return file;
 }
 
-struct Run {
+struct DiLoCoRun {
   int world = 2;
   std::string name = "adamw";
   int first_step = 0;
   int steps = 24;
   std::int64_t sync_every = 0;  // 0: the fixture's
+  std::string compression{};    // empty: the fixture's
   std::function<void(dist::DiLoCo&, optim::Optimizer&, ParameterRegistry&, Communicator&)> before{};
   std::function<void(dist::DiLoCo&, optim::Optimizer&, ParameterRegistry&, Communicator&)> after{};
 };
 
 // Every rank's losses, and every rank's final values (all parameters in order).
-std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> train(const Run& run) {
+std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> train(const DiLoCoRun& run) {
   const nlohmann::json case_settings = nlohmann::json::parse(fixture().metadata().at("settings")).at(run.name);
   std::vector<std::vector<double>> losses(static_cast<std::size_t>(run.world)), finals(static_cast<std::size_t>(run.world));
   comm::run_gloo_thread_group(run.world, [&](Communicator& comm) {
@@ -49,16 +54,28 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> tr
     optim::Hyperparameters hyperparameters;
     for (const auto& [key, value] : case_settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
     auto inner = testing::make_test_optimizer(case_settings.at("inner").get<std::string>(), registry, hyperparameters);
-    dist::DiLoCo diloco(registry, comm,
-                        {.sync_every = run.sync_every > 0 ? run.sync_every : case_settings.at("sync_every").get<std::int64_t>(),
-                         .outer_lr = case_settings.at("outer_lr").get<double>(),
-                         .outer_momentum = case_settings.at("outer_momentum").get<double>(),
-                         .nesterov = case_settings.at("nesterov").get<bool>()});
+    const dist::DiLoCoOptions options{
+        .sync_every = run.sync_every > 0 ? run.sync_every : case_settings.at("sync_every").get<std::int64_t>(),
+        .outer_lr = case_settings.at("outer_lr").get<double>(),
+        .outer_momentum = case_settings.at("outer_momentum").get<double>(),
+        .nesterov = case_settings.at("nesterov").get<bool>(),
+        .warmup_steps = case_settings.at("warmup_steps").get<std::int64_t>(),
+        .fragments = case_settings.at("fragments").get<std::int64_t>(),
+        .delay = case_settings.at("delay").get<std::int64_t>(),
+        .mixing = case_settings.at("mixing").get<double>(),
+        .compression = dist::parse_compression(run.compression.empty() ? case_settings.at("compression").get<std::string>()
+                                                                       : run.compression)};
+    // The warm-up's synchronous steps average the gradients through DataParallel, as an engine
+    // would; after it, no_sync.
+    nn::DistributedDataParallel model(layers, comm);
+    dist::DiLoCo diloco(registry, comm, options);
     if (run.before) run.before(diloco, *inner, registry, comm);
     for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
       const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(comm.rank());
-      nn::LossResult loss = nn::softmax_cross_entropy(layers->forward(fixture().read(batch + ".x")), fixture().read(batch + ".y"));
-      layers->backward(loss.grad);
+      std::optional<dist::DataParallel::NoSync> local_only;
+      if (!diloco.in_warmup()) local_only.emplace(model.data_parallel());
+      nn::LossResult loss = nn::softmax_cross_entropy(model.forward(fixture().read(batch + ".x")), fixture().read(batch + ".y"));
+      model.backward(loss.grad);
       inner->step();
       inner->zero_grad();
       diloco.step();
@@ -75,20 +92,30 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> tr
 
 TEST(DiLoCo, MatchesTheTorchReference) {
   for (const int world : {2, 3, 4}) {
-    for (const std::string name : {"adamw", "sgd", "adam"}) {
+    for (const std::string name : {"adamw", "sgd", "adam", "stream3", "stream3.overlap", "stream2.bf16", "warmup"}) {
       const std::string prefix = "w" + std::to_string(world) + "." + name;
+      const nlohmann::json settings = nlohmann::json::parse(fixture().metadata().at("settings")).at(name);
+      // bf16 sums on the wire round after each addition: on 3 and 4 ranks torch's Gloo adds in
+      // another order than ours, so only 2 ranks (one addition, the same) compare with torch;
+      // what bf16 costs against f32 is DiLoCo.TheWireInBf16.
+      if (settings.at("compression") == "bf16" && world > 2) continue;
+      const double bound = 1e-6;
       const auto [losses, finals] = train({.world = world, .name = name});
       for (int r = 0; r < world; ++r) {
         testing::expect_near_vectors(prefix + ", rank " + std::to_string(r) + " losses", losses[static_cast<std::size_t>(r)],
-                                     fixture().read(prefix + ".rank" + std::to_string(r) + ".losses").to_double_vector(), 1e-6);
-        EXPECT_EQ(finals[static_cast<std::size_t>(r)], finals[0]) << prefix << ": rank " << r << " after the last outer step";
+                                     fixture().read(prefix + ".rank" + std::to_string(r) + ".losses").to_double_vector(), bound);
+        // After a whole outer step every rank holds g; under streaming only the fragment that
+        // landed last is g (the others carry local progress), so ranks differ.
+        if (settings.at("fragments") == 1) {
+          EXPECT_EQ(finals[static_cast<std::size_t>(r)], finals[0]) << prefix << ": rank " << r << " after the last outer step";
+        }
       }
       std::vector<double> expected;
       for (const char* p : {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}) {
         const std::vector<double> v = fixture().read(prefix + ".final." + p).to_double_vector();
         expected.insert(expected.end(), v.begin(), v.end());
       }
-      testing::expect_near_vectors(prefix + ", final weights", finals[0], expected, 1e-6);
+      testing::expect_near_vectors(prefix + ", final weights", finals[0], expected, bound);
     }
   }
 }
@@ -135,6 +162,77 @@ TEST(DiLoCo, ItsStateResumesBitForBitAndIsRefusedElsewhere) {
          }});
 }
 
+// Streaming DiLoCo checkpointed with a fragment's reduction in flight (stream3.overlap, 3 ranks:
+// fragment 0 launched at inner step 8, landing at 9): its averaged pseudo-gradient rides in the
+// state ("diloco.pending.*"); each rank saves its own model (the fragments not yet synchronized
+// differ between ranks) and inner state. Resumed, the 16 remaining steps equal the
+// uninterrupted run bit for bit.
+TEST(DiLoCo, StreamingResumesWithAFragmentInFlight) {
+  testing::TempDir folder;
+  const auto [straight_losses, straight_finals] = train({.world = 3, .name = "stream3.overlap"});
+  const auto file = [&](const Communicator& comm, const std::string& what) {
+    return folder / (what + std::to_string(comm.rank()) + ".safetensors");
+  };
+  std::vector<std::string> fragments;
+  train({.world = 3, .name = "stream3.overlap", .steps = 8,
+         .after = [&](dist::DiLoCo& diloco, optim::Optimizer& inner, ParameterRegistry& registry, Communicator& comm) {
+           inner.save_state(file(comm, "inner"));
+           std::vector<io::NamedTensor> model;
+           for (Parameter& p : registry) model.push_back({p.name(), p.value()});
+           io::save_safetensors(file(comm, "model"), model);
+           const std::vector<io::NamedTensor> state = diloco.state_tensors();
+           io::save_safetensors(file(comm, "diloco"), state, diloco.state_metadata());
+           if (comm.rank() != 0) return;
+           std::size_t pending = 0;
+           for (const io::NamedTensor& tensor : state) pending += tensor.name.rfind("diloco.pending.", 0) == 0 ? 1 : 0;
+           EXPECT_EQ(pending, 2u) << "fragment 0 ('0.weight', '0.bias') in flight";
+           for (const auto& [name, fragment] : diloco.fragment_of_parameters()) fragments.push_back(name + " " + std::to_string(fragment));
+         }});
+  EXPECT_EQ(fragments, (std::vector<std::string>{"0.weight 0", "0.bias 0", "2.weight 1", "2.bias 2", "4.weight 2", "4.bias 2"}));
+  const auto [losses, finals] = train(
+      {.world = 3, .name = "stream3.overlap", .first_step = 8, .steps = 16,
+       .before = [&](dist::DiLoCo& diloco, optim::Optimizer& inner, ParameterRegistry& registry, Communicator& comm) {
+         const io::SafetensorsReader model(file(comm, "model"));
+         for (Parameter& p : registry) p.value().copy_from(model.read(p.name()));
+         inner.load_state(file(comm, "inner"));
+         diloco.load_state(io::SafetensorsReader(file(comm, "diloco")));
+       }});
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(finals[r], straight_finals[r]) << "rank " << r;
+    EXPECT_EQ(losses[r], std::vector<double>(straight_losses[r].begin() + 8, straight_losses[r].end())) << "rank " << r;
+  }
+  train({.world = 3, .name = "stream3", .steps = 0,
+         .before = [&](dist::DiLoCo& diloco, optim::Optimizer&, ParameterRegistry&, Communicator& comm) {
+           EXPECT_GRADSYNC_ERROR(diloco.load_state(io::SafetensorsReader(file(comm, "diloco"))),
+                                 "diloco.delay 1, this run has 0");
+         }});
+}
+
+// Streaming DiLoCo's pseudo-gradients in bf16 on the wire against f32, on 4 ranks (the
+// stream2.bf16 case: 2 fragments, H = 4, tau = 1, 24 steps). The error bf16 adds: each
+// averaged pseudo-gradient rounded to 8 significant bits (and each partial sum, in the ring),
+// then carried on by the following inner AdamW steps. Measured: losses within 2.7e-4 relative, the
+// final weights within 5.8e-3 absolute (of weights up to 0.45); bounded here at about 4x.
+TEST(DiLoCo, TheWireInBf16) {
+  DiLoCoRun bf16{.world = 4, .name = "stream2.bf16"};
+  DiLoCoRun f32 = bf16;
+  f32.compression = "none";
+  const auto [bf16_losses, bf16_finals] = train(bf16);
+  const auto [f32_losses, f32_finals] = train(f32);
+  double loss_error = 0, weight_error = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    for (std::size_t s = 0; s < f32_losses[r].size(); ++s) {
+      loss_error = std::max(loss_error, std::abs(bf16_losses[r][s] - f32_losses[r][s]) / std::abs(f32_losses[r][s]));
+    }
+    for (std::size_t i = 0; i < f32_finals[r].size(); ++i) weight_error = std::max(weight_error, std::abs(bf16_finals[r][i] - f32_finals[r][i]));
+  }
+  std::printf("bf16 on the wire against f32, 4 ranks, 24 steps: losses within %.2g relative, weights within %.2g\n",
+              loss_error, weight_error);
+  EXPECT_GT(weight_error, 0) << "bf16 changed nothing: was the wire compressed?";
+  EXPECT_LT(loss_error, 1e-3);
+  EXPECT_LT(weight_error, 2e-2);
+}
+
 TEST(DiLoCo, Errors) {
   comm::run_gloo_thread_group(2, [](Communicator& comm) {
     ParameterRegistry registry;
@@ -144,6 +242,10 @@ TEST(DiLoCo, Errors) {
     EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.outer_lr = 0}), "outer_lr 0");
     EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.sync_every = 4 + comm.rank()}), "options", "sync_every 4",
                           "sync_every 5");
+    EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.sync_every = 4, .fragments = 5}), "fragments 5 (expected 1 to sync_every 4");
+    EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.sync_every = 8, .fragments = 2, .delay = 4}), "delay 4 (expected 0 to 3");
+    EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.mixing = 1.5}), "mixing 1.5");
+    EXPECT_GRADSYNC_ERROR(dist::DiLoCo(registry, comm, {.sync_every = 4, .fragments = 2}), "fragment 0 of 2 would hold no parameter");
   });
 }
 

@@ -16,6 +16,14 @@
 // trainable parameters: its values are g, its gradients the averaged deltas; so its momentum,
 // Nesterov and learning rate are torch.optim.SGD's, and its state is an ordinary optimizer
 // checkpoint.
+//
+// Streaming DiLoCo (Douillard et al. 2025) is the same class with `fragments` > 1: the trainable
+// parameters split into F fragments (consecutive parameters in registration order, balanced by
+// elements), fragment i synchronized at inner steps o_i, o_i + H, ... with o_i = floor(H (i+1) / F)
+// (torchft's schedule: staggered, so one fragment's traffic crosses the link at a time); its
+// reduction launched there and applied `delay` (tau) inner steps later, overlapped with them;
+// where it lands the local values are mixed in, p = mixing * p + (1 - mixing) * g; optionally on
+// the wire in bf16 or fp16. With one fragment, no delay and no mixing it is DiLoCo above.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +31,7 @@
 #include <memory>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/dist/reducer.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/registry/parameter_registry.h"
 
@@ -34,6 +43,14 @@ struct DiLoCoOptions {
   double outer_lr = 0.7;        // the outer SGD's learning rate (the paper's 0.7)
   double outer_momentum = 0.9;  // its momentum (0: none)
   bool nesterov = true;         // Nesterov momentum (the paper's)
+  // Plain synchronous steps first (the engine averages gradients, as LocalSGD's warm-up): the
+  // outer model is taken from the replicas, equal by then, when the warm-up ends.
+  std::int64_t warmup_steps = 0;
+  // Streaming DiLoCo (above): F fragments, 1 <= F <= H and no more than the trainable parameters.
+  std::int64_t fragments = 1;
+  std::int64_t delay = 0;   // tau: inner steps a fragment's reduction overlaps, < floor(H / F)
+  double mixing = 0;        // alpha in [0, 1]: the local values' share where a fragment lands
+  Compression compression = Compression::none;  // the pseudo-gradients on the wire (fp16 / bf16)
 };
 
 // DiLoCo over a communicator (above).
@@ -47,16 +64,25 @@ class DiLoCo {
   DiLoCo(const DiLoCo&) = delete;
   DiLoCo& operator=(const DiLoCo&) = delete;
 
-  // After each inner optimizer step; every sync_every-th call is an outer step (collective).
-  // Returns whether it was one.
+  // After each inner optimizer step: after the warm-up, launches the reductions and applies the
+  // outer steps that are due (collective then). Returns whether an outer step landed (a whole
+  // one, or a fragment's).
   bool step();
+  bool in_warmup() const;            // the next step is a warm-up step (synchronize the gradients)
   std::int64_t inner_steps() const;  // step() calls so far
+  // Bytes this rank has sent to the outer reductions so far (the pseudo-gradients on the wire,
+  // counted once: an allreduce moves about twice that per rank in a ring).
+  std::int64_t bytes_sent() const;
+  // Which fragment each trainable parameter belongs to, by name, in registration order.
+  std::vector<std::pair<std::string, std::int64_t>> fragment_of_parameters() const;
   const DiLoCoOptions& options() const;  // as given
 
   // The outer state for a checkpoint: g ("diloco.outer.<name>"), the outer SGD's momentum (its
-  // optimizer checkpoint tensors), and in the metadata the options, the world size and the step
-  // count. Loading refuses a state of another world size, H or outer optimizer, naming the
-  // difference, and a damaged one, changing nothing.
+  // optimizer checkpoint tensors), the averaged pseudo-gradients of fragments whose outer step
+  // is still to land ("diloco.pending.<name>": state_tensors waits for their reductions, so it
+  // is collective when one is in flight), and in the metadata the options, the world size and
+  // the step count. Loading refuses a state of another world size, H, fragmenting or outer
+  // optimizer, naming the difference, and a damaged one, changing nothing.
   std::vector<io::NamedTensor> state_tensors() const;
   io::Metadata state_metadata() const;  // (above)
   void load_state(const io::SafetensorsReader& file);  // (above)

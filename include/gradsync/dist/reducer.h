@@ -48,6 +48,8 @@ namespace gradsync::dist {
 enum class Compression { none, fp16, bf16 };
 const char* compression_name(Compression compression);  // "none", "fp16", "bf16"
 Compression parse_compression(const std::string& text);  // "none" | "fp16" | "bf16"
+// The 16-bit dtype a floating tensor travels in under `compression`, or its own dtype.
+DType wire_dtype(DType dtype, Compression compression);
 
 // How buckets close when they fill up.
 enum class BucketRule {
