@@ -32,8 +32,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -56,20 +54,6 @@ struct Result {
   std::int64_t bucket_bytes = 0;  // the largest bucket
   double sent_per_step = 0;       // bytes this node's network interfaces sent per step
 };
-
-// Bytes every network interface but the loopback has sent: on scripts/simulate_nodes.sh's nodes,
-// what this node put on the link to the others (each node is a network namespace with one).
-double bytes_sent_off_node() {
-  double total = 0;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/net", error)) {
-    if (entry.path().filename() == "lo") continue;
-    std::ifstream counter(entry.path() / "statistics" / "tx_bytes");
-    double bytes = 0;
-    if (counter >> bytes) total += bytes;
-  }
-  return total;
-}
 
 // A layer's simulated compute: the CPU free, as while a GPU computes.
 void compute(double ms) {
@@ -95,7 +79,7 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
   double sent_before = 0;
   for (int s = 0; s <= steps; ++s) {
     comm.barrier();
-    if (s == 1) sent_before = bytes_sent_off_node();
+    if (s == 1) sent_before = static_cast<double>(comm::node_bytes_sent());
     const auto start = Clock::now();
     // Stage 3: each layer gathered for its forward and released after it (the gathers of the
     // next layers replayed behind it from the second step: auto prefetch), gathered again for
@@ -133,7 +117,7 @@ Result run_stage(comm::Communicator& comm, int layers, std::int64_t elements, in
   if (zero) zero->wait_all();
   comm.barrier();
   Result result;
-  result.sent_per_step = steps > 0 ? (bytes_sent_off_node() - sent_before) / steps : 0.0;
+  result.sent_per_step = steps > 0 ? (static_cast<double>(comm::node_bytes_sent()) - sent_before) / steps : 0.0;
   result.step_seconds = bench::median(times);
   result.state_bytes = adam.state_bytes();
   for (std::size_t b = 0; b < ddp.reducer().bucket_count(); ++b) {

@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "common/slow_links.h"
 #include "common/trainer_support.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/distributed_optimizer.h"
@@ -96,8 +97,8 @@ int main(int argc, char** argv) try {
     std::printf("digits_ddp flags:\n  --microbatches 1   --sync-strategy single|multi|forced|auto   --find-unused   "
                 "--bucket-cap-mb MB (DDP's bucket_cap_mb)\n  --divide-by-active (with --uneven: Join's divide_by_initial_world_size off)\n"
                 "  --zero 0|1|2|3 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too, 3 the parameters too)\n"
-                "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n%s\n",
-                examples::kCommonHelp, examples::kRestartHelp);
+                "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n%s\n%s\n",
+                examples::kCommonHelp, examples::kSlowLinkHelp, examples::kRestartHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--microbatches");
@@ -108,7 +109,13 @@ int main(int argc, char** argv) try {
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
+  const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
   flags.finish();
+  GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && powersgd_rank == 0 && !options.uneven &&
+                                             !options.check_replicas && options.restarts.checkpoint_every == 0 &&
+                                             options.resume.empty()),
+                 "--local-sgd / --diloco run without --zero, --powersgd-rank, --uneven, --check-replicas and ",
+                 "checkpoints in digits_ddp (the replicas differ between synchronizations)");
   GRADSYNC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero ", zero_stage, ": expected 0, 1, 2 or 3");
   GRADSYNC_CHECK(zero_stage == 0 || !options.uneven || options.precision != "fp16", "--zero with --uneven does not ",
                  "combine with --precision fp16: a step the loss scaler skips would leave the joined ranks waiting for it ",
@@ -121,6 +128,10 @@ int main(int argc, char** argv) try {
        std::string("--sync-strategy ") + dist::sync_strategy_name(strategy),
        std::string("--divide-by-active ") + (divide_by_active ? "on" : "off"), "--zero " + std::to_string(zero_stage),
        "--powersgd-rank " + std::to_string(powersgd_rank), "--powersgd-start " + std::to_string(powersgd_start)});
+  // Slow links: LocalSGD or DiLoCo across the ranks (or across --inner-group groups).
+  examples::require_same_settings(*training->comm, examples::slow_link_settings(slow_options), "digits_ddp");
+  std::optional<examples::SlowLinks> slow;
+  if (slow_options.enabled() && training->comm->size() > 1) slow.emplace(slow_options, training->registry, *training->comm);
   std::optional<double> cap;
   if (bucket_cap_mb > 0) cap = bucket_cap_mb;
   const bool sharded_parameters = zero_stage == 3 && training->comm->size() > 1;
@@ -131,6 +142,9 @@ int main(int argc, char** argv) try {
     dist::DataParallelOptions ddp_options{.find_unused_parameters = find_unused, .shard_gradients = true};
     ddp_options.units = sharded_layers->units();
     model = std::make_shared<nn::DistributedDataParallel>(sharded_layers, *training->comm, ddp_options);
+  } else if (slow) {  // its gradients averaged inside a group, or over the world in the warm-up only
+    model = std::make_shared<nn::DistributedDataParallel>(
+        training->model, slow->inner(), dist::DataParallelOptions{.bucket_cap_mb = cap, .find_unused_parameters = find_unused});
   } else if ((cap || zero_stage > 0) && training->comm->size() > 1) {
     model = std::make_shared<nn::DistributedDataParallel>(
         training->model, *training->comm,
@@ -192,6 +206,7 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(training->local_batch * training->comm->size()), training->comm->size(),
                 static_cast<long long>(options.passes),
                 static_cast<long long>(training->micro), dist::sync_strategy_name(strategy));
+    if (slow) std::printf("slow links: %s\n", slow->describe().c_str());
     if (zero) {
       std::int64_t owned = 0;
       for (std::size_t arena = 0; arena < training->registry.arenas().size(); ++arena) {
@@ -205,6 +220,8 @@ int main(int argc, char** argv) try {
   // 3, 4, 6. One step: the microbatches, each in the strategy's context, then the optimizer.
   const auto step = [&](const std::vector<std::int64_t>& order, std::int64_t first_row) {
     double step_loss = 0;
+    std::optional<dist::DataParallel::NoSync> local_only;  // slow links: this step's gradients stay local
+    if (slow && !slow->synchronizes_gradients()) local_only.emplace(ddp->data_parallel());
     for (std::int64_t mb = 0; mb < options.passes; ++mb) {
       nn::SyncContext sync(*model, mb + 1 == options.passes, strategy);
       const std::int64_t begin = first_row + mb * training->micro;
@@ -225,6 +242,7 @@ int main(int argc, char** argv) try {
         },
         [&] { zero ? zero->step() : training->optimizer->step(); });
     training->optimizer->zero_grad();
+    if (slow) slow->step();
     return step_loss;
   };
   // 5. Uneven inputs: each epoch inside a Join; the optimizer's state is made equal too.

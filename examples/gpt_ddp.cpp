@@ -24,14 +24,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <numbers>
 #include <optional>
-#include <random>
 
 #include <sys/resource.h>
 
+#include "common/slow_links.h"
 #include "common/trainer_support.h"
+#include "gpt/gpt_data.h"
 #include "gpt/gpt_model.h"
 #include "gradsync/comm/connect.h"
 #include "gradsync/dist/data_parallel.h"
@@ -45,31 +44,6 @@
 #include "gradsync/optim/clip.h"
 
 using namespace gradsync;
-
-namespace {
-
-std::vector<std::int32_t> read_tokens(const std::string& path, std::int64_t vocab) {
-  std::ifstream in(path, std::ios::binary);
-  GRADSYNC_CHECK(in, "gpt_ddp: cannot read ", path);
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  GRADSYNC_CHECK(bytes.size() % 2 == 0, path, ": ", bytes.size(), " bytes is not a whole number of uint16 tokens");
-  std::vector<std::int32_t> tokens(bytes.size() / 2);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
-    GRADSYNC_CHECK(tokens[i] < vocab, path, ": token ", tokens[i], " at ", i, " is outside the vocabulary of ", vocab);
-  }
-  return tokens;
-}
-
-// nanoGPT's get_lr: a linear warmup to lr, then a cosine down to min_lr at decay_steps.
-double learning_rate(std::int64_t step, double lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps) {
-  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup + 1);
-  if (step > decay_steps) return min_lr;
-  const double ratio = static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(decay_steps - warmup, 1));
-  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (lr - min_lr);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) try {
   examples::line_buffered_progress();
@@ -92,8 +66,10 @@ int main(int argc, char** argv) try {
         "  --vocab FILE (one byte per token, in token order: samples print as text)\n"
         "  --precision f32|bf16 (bf16: bf16 parameters and gradients, f32 arithmetic and master weights)\n"
         "  --sync-strategy single|multi|forced|auto (across microbatches; Composer's)   --uneven (rank r stops\n"
-        "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n%s\n",
-        examples::kRestartHelp);
+        "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n"
+        "  --val-every N (the validation loss every N steps, 4 batches per rank, into --metrics)\n"
+        "  --time-budget S (stop at the first --val-every point after S seconds)\n%s\n%s\n",
+        examples::kSlowLinkHelp, examples::kRestartHelp);
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -135,7 +111,18 @@ int main(int argc, char** argv) try {
   const std::string precision = flags.text("--precision", "f32");
   const dist::DDPSyncStrategy strategy = examples::sync_strategy_from(flags.text("--sync-strategy", ""), false);
   const bool uneven = flags.flag("--uneven");
+  const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
+  const std::int64_t val_every = flags.integer("--val-every", 0);
+  const double time_budget = flags.number("--time-budget", 0.0);
   flags.finish();
+  GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && shard_group < 0 && powersgd_rank == 0 && !uneven &&
+                                             restarts.checkpoint_every == 0 && resume_flag.empty()),
+                 "--local-sgd / --diloco run without --zero, --shard-group, --powersgd-rank, --uneven and checkpoints in ",
+                 "gpt_ddp (each rank's model and AdamW state are its own between synchronizations: a checkpoint would ",
+                 "hold every rank's; the library's LocalSGD and DiLoCo checkpoint their own state)");
+  GRADSYNC_CHECK((val_every == 0 && time_budget == 0) || !val_path.empty(), "--val-every and --time-budget need --val");
+  GRADSYNC_CHECK(time_budget == 0 || val_every > 0, "--time-budget is checked at the --val-every points: give --val-every");
+  GRADSYNC_CHECK(val_every == 0 || !uneven, "--val-every with --uneven: its allreduce has no partner on a joined rank");
   GRADSYNC_CHECK(precision == "f32" || precision == "bf16", "--precision ", precision, ": expected f32 or bf16");
   GRADSYNC_CHECK(!data_path.empty() && vocab > 0, "gpt_ddp: --data FILE and --vocab-size V are required");
   GRADSYNC_CHECK(gelu == "tanh" || gelu == "erf", "--gelu ", gelu, ": expected tanh or erf");
@@ -170,9 +157,11 @@ int main(int argc, char** argv) try {
        "--warmup " + std::to_string(warmup), "--decay-steps " + std::to_string(decay_steps),
        number_setting("--weight-decay", weight_decay), number_setting("--beta1", beta1), number_setting("--beta2", beta2),
        number_setting("--eps", eps), number_setting("--clip-norm", clip_norm),
-       "--checkpoint-every " + std::to_string(restarts.checkpoint_every)},
+       "--checkpoint-every " + std::to_string(restarts.checkpoint_every), "--val-every " + std::to_string(val_every),
+       number_setting("--time-budget", time_budget)},
       "gpt_ddp");
-  const std::vector<std::int32_t> data = read_tokens(data_path, vocab);
+  examples::require_same_settings(*comm, examples::slow_link_settings(slow_options), "gpt_ddp");
+  const std::vector<std::int32_t> data = examples::read_tokens(data_path, vocab);
   GRADSYNC_CHECK(static_cast<std::int64_t>(data.size()) > length + 1, data_path, " holds ", data.size(),
                  " tokens, fewer than a sequence of ", length, " and its target");
   ParameterRegistry registry;
@@ -218,7 +207,11 @@ int main(int argc, char** argv) try {
     groups.emplace(*comm, shard_group);
     ddp_options.replicas = &groups->replicas();
   }
-  dist::DataParallel ddp(registry, groups ? groups->shard() : *comm, ddp_options);
+  // Slow links: LocalSGD or DiLoCo across the ranks (or across --inner-group groups, which the
+  // DataParallel then synchronizes every step).
+  std::optional<examples::SlowLinks> slow;
+  if (slow_options.enabled()) slow.emplace(slow_options, registry, *comm);
+  dist::DataParallel ddp(registry, slow ? slow->inner() : groups ? groups->shard() : *comm, ddp_options);
   std::shared_ptr<dist::PowerSGDState> powersgd;
   if (powersgd_rank > 0 && comm->size() > 1) {
     powersgd = std::make_shared<dist::PowerSGDState>(
@@ -244,6 +237,8 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(comm->size()), static_cast<long long>(batch), static_cast<long long>(length));
   }
 
+  if (slow && comm->rank() == 0 && !quiet) std::printf("slow links: %s\n", slow->describe().c_str());
+
   // 3. The steps. With --uneven, rank r has data for fewer steps the higher it is; it then
   // joins, and shadows the collectives of the others' steps until all have joined (the last
   // to join then gives every rank its weights and AdamW's state).
@@ -255,9 +250,10 @@ int main(int argc, char** argv) try {
     if (zero) participants.push_back(zero.get());
     join.emplace(participants, dist::JoinOptions{}, &optimizer);
   }
-  const std::int64_t span = static_cast<std::int64_t>(data.size()) - length - 1;
   const std::int64_t micro = batch / microbatches;
   const auto start = std::chrono::steady_clock::now();
+  const std::int64_t node_bytes_at_start = comm::node_bytes_sent();
+  const std::vector<std::int32_t> val = val_every > 0 ? examples::read_tokens(val_path, vocab) : std::vector<std::int32_t>{};
   // Where the time goes, per step: waiting for the gradient synchronization (what the backward
   // did not hide: end_backward and the strategy's close) and the optimizer (clipping, the step).
   using Clock = std::chrono::steady_clock;
@@ -273,19 +269,17 @@ int main(int argc, char** argv) try {
   for (std::int64_t step = first_step; step < my_steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     double step_loss = 0, sync_seconds = 0;
+    std::optional<dist::DataParallel::NoSync> local_only;  // slow links: this step's gradients stay local
+    if (slow && !slow->synchronizes_gradients()) local_only.emplace(ddp);
     for (std::int64_t m = 0; m < microbatches; ++m) {
-      std::vector<std::int32_t> tokens, targets;
-      for (std::int64_t k = 0; k < micro; ++k) {
-        const std::int64_t i = comm->rank() * batch + m * micro + k;  // the global sequence index
-        const std::int64_t first = ((step * batch * world + i) * length) % span;
-        tokens.insert(tokens.end(), data.begin() + first, data.begin() + first + length);
-        targets.insert(targets.end(), data.begin() + first + 1, data.begin() + first + 1 + length);
-      }
+      // By global sequence index: this rank's microbatch m of the step's B W sequences.
+      const examples::Sequences sequences =
+          examples::cut_sequences(data, step * batch * world + comm->rank() * batch + m * micro, micro, length);
       // The strategy decides which microbatches' backwards reduce (SINGLE: the last one's,
       // overlapped; MULTI: every one's; FORCED: all at once when the last one's context closes).
       dist::DDPSyncContext sync(ddp, m + 1 == microbatches, strategy);
       ddp.begin_backward();
-      step_loss += model.forward(tokens, targets, micro, length) / static_cast<double>(microbatches);
+      step_loss += model.forward(sequences.tokens, sequences.targets, micro, length) / static_cast<double>(microbatches);
       model.backward(1.0 / static_cast<double>(microbatches));
       const Clock::time_point wait_start = Clock::now();
       ddp.end_backward();
@@ -299,17 +293,20 @@ int main(int argc, char** argv) try {
                                               : optim::clip_grad_norm(optimizer, clip_norm))
                         : metrics_path.empty() ? std::nan("")
                                                : std::sqrt(optimizer.gradient_statistics().sum_of_squares);
-    const double rate = learning_rate(step, lr, min_lr, warmup, decay_steps);
+    const double rate = examples::learning_rate(step, lr, min_lr, warmup, decay_steps);
     optimizer.set_lr(0, rate);
     optimizer.set_lr(1, rate);
     zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
+    if (slow) slow->step();
     const double optimizer_seconds = since(optimizer_start);
     const double step_seconds = since(step_start);
     total_seconds += step_seconds;
     total_sync += sync_seconds;
     total_optimizer += optimizer_seconds;
-    if (!join) {  // the mean over the ranks (a collective a joined rank would not shadow: local under --uneven)
+    // The mean over the ranks (a collective a joined rank would not shadow, and one that would cross
+    // the slow link every step: local under --uneven and the slow-link strategies).
+    if (!join && !slow) {
       Tensor loss = Tensor::from_vector(std::vector<double>{step_loss}, {1});
       comm->allreduce_host(loss, comm::ReduceOp::avg);
       step_loss = loss.to_double_vector()[0];
@@ -319,13 +316,31 @@ int main(int argc, char** argv) try {
                  {{"lr", rate},
                   {"tokens_per_s", tokens / step_seconds},
                   {"sync_share", sync_seconds / step_seconds},
-                  {"optimizer_share", optimizer_seconds / step_seconds}});
+                  {"optimizer_share", optimizer_seconds / step_seconds},
+                  {"seconds", since(start)},
+                  {"node_bytes_sent", static_cast<double>(comm::node_bytes_sent() - node_bytes_at_start)},
+                  {"outer_bytes_sent", slow ? static_cast<double>(slow->bytes_sent()) : 0.0}});
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
       const double seconds = since(start);
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s  (of the step so far: sync wait %.1f%%, optimizer %.1f%%)\n",
                   static_cast<long long>(step), step_loss, rate,
                   static_cast<double>(step + 1 - first_step) * tokens / seconds, 100 * total_sync / total_seconds,
                   100 * total_optimizer / total_seconds);
+    }
+    // --val-every: the validation loss of each rank's model (the replicas differ between the slow-link
+    // strategies' synchronizations: their mean), and --time-budget's stop, in one allreduce so that
+    // every rank stops at the same step.
+    if (val_every > 0 && (step + 1) % val_every == 0) {
+      const double local = examples::validation_loss(model, val, 4, batch, length, comm->rank(), comm->size());
+      const bool over_budget = time_budget > 0 && since(start) >= time_budget;
+      Tensor words = Tensor::from_vector(std::vector<double>{local / comm->size(), over_budget ? 1.0 : 0.0}, {2});
+      comm->allreduce_host(words, comm::ReduceOp::sum);
+      const std::vector<double> agreed = words.to_double_vector();
+      metrics.record(step, {{"val_loss", agreed[0]}, {"seconds", since(start)}});
+      if (comm->rank() == 0 && !quiet) {
+        std::printf("step %5lld  validation loss %.4f  at %.1f s\n", static_cast<long long>(step), agreed[0], since(start));
+      }
+      if (agreed[1] > 0) break;
     }
     // Restarts: every --checkpoint-every steps a checkpoint into the folder (at stage 3 the model
     // gathered whole for it, then released again); --kill-rank's fault injection after it.
@@ -354,54 +369,17 @@ int main(int argc, char** argv) try {
   // 4. The validation loss: the mean over up to 16 batches of the rank's sequences of val.bin,
   // averaged over the ranks (the same weights everywhere).
   if (!val_path.empty()) {
-    const std::vector<std::int32_t> val = read_tokens(val_path, vocab);
-    GRADSYNC_CHECK(static_cast<std::int64_t>(val.size()) > length + 1, val_path, " is shorter than one sequence");
-    const std::int64_t val_span = static_cast<std::int64_t>(val.size()) - length - 1;
-    double total = 0;
-    const int batches = 16;
-    for (int k = 0; k < batches; ++k) {
-      std::vector<std::int32_t> tokens, targets;
-      for (std::int64_t j = 0; j < batch; ++j) {
-        const std::int64_t first = (((k * world + comm->rank()) * batch + j) * length) % val_span;
-        tokens.insert(tokens.end(), val.begin() + first, val.begin() + first + length);
-        targets.insert(targets.end(), val.begin() + first + 1, val.begin() + first + 1 + length);
-      }
-      total += model.forward(tokens, targets, batch, length) / batches;
-    }
-    Tensor mean = Tensor::from_vector(std::vector<double>{total}, {1});
+    Tensor mean = Tensor::from_vector(
+        std::vector<double>{examples::validation_loss(model, examples::read_tokens(val_path, vocab), 16, batch, length,
+                                                      comm->rank(), comm->size())},
+        {1});
     comm->allreduce_host(mean, comm::ReduceOp::avg);
     if (comm->rank() == 0) std::printf("validation loss %.4f\n", mean.to_double_vector()[0]);
   }
-  // 5. A sample: from token 0, each next token drawn from the softmax of the last position's
-  // logits at temperature 0.8 (nanoGPT's sample.py), the context cropped to the block.
+  // 5. A sample (nanoGPT's sample.py: temperature 0.8), from rank 0.
   if (sample_tokens > 0 && comm->rank() == 0) {
-    std::string alphabet;
-    if (!vocab_path.empty()) {
-      std::ifstream in(vocab_path, std::ios::binary);
-      alphabet.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      GRADSYNC_CHECK(static_cast<std::int64_t>(alphabet.size()) >= vocab, vocab_path, " holds ", alphabet.size(),
-                     " characters for a vocabulary of ", vocab);
-    }
-    std::mt19937_64 engine(static_cast<std::uint64_t>(seed));
-    std::vector<std::int32_t> text{0};
-    for (std::int64_t n = 0; n < sample_tokens; ++n) {
-      const std::int64_t context = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), config.block);
-      const std::vector<std::int32_t> window(text.end() - context, text.end());
-      model.forward(window, std::vector<std::int32_t>(window.size(), 0), 1, context);
-      // softmax(logits / 0.8) is softmax(logits) to the power 1 / 0.8, renormalised.
-      std::vector<double> weights = model.probabilities(context - 1);
-      for (double& w : weights) w = std::pow(w, 1.0 / 0.8);
-      text.push_back(static_cast<std::int32_t>(std::discrete_distribution<std::int64_t>(weights.begin(), weights.end())(engine)));
-    }
-    std::printf("sample:\n");
-    for (std::size_t n = 1; n < text.size(); ++n) {
-      if (alphabet.empty()) {
-        std::printf("%d ", text[n]);
-      } else {
-        std::putchar(alphabet[static_cast<std::size_t>(text[n])]);
-      }
-    }
-    std::printf("\n");
+    std::printf("sample:\n%s\n", examples::sample_text(model, sample_tokens, config.block, static_cast<std::uint64_t>(seed),
+                                                       vocab_path, vocab).c_str());
   }
   if (powersgd && comm->rank() == 0 && !quiet) {
     std::printf("PowerSGD rank %d from step %lld: in its steps %lld gradient elements went to collectives for %lld "

@@ -34,6 +34,14 @@ void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
   std::fflush(file_);
 }
 
+void Metrics::record(std::int64_t step, const std::vector<std::pair<const char*, double>>& fields) {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "{\"step\": %lld", static_cast<long long>(step));
+  for (const auto& [name, value] : fields) std::fprintf(file_, ", \"%s\": %.9g", name, value);
+  std::fprintf(file_, "}\n");
+  std::fflush(file_);
+}
+
 void Metrics::stragglers(std::int64_t step, const comm::StragglerReport& report) {
   if (file_ == nullptr) return;
   std::fprintf(file_, "{\"step\": %lld, \"stragglers\": {\"steps\": %lld, \"slowest\": %d, \"waited_ms_per_step\": %.3f, "

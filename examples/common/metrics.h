@@ -26,6 +26,8 @@ class Metrics {
   void step(std::int64_t step, int epoch, double loss, double grad_norm,
             const std::vector<std::pair<const char*, double>>& extra = {});  // more "name": value fields
   void epoch(std::int64_t step, int epoch, double loss, double accuracy);
+  // {"step": .., "name": value, ...}: a record of its own (a validation loss, say).
+  void record(std::int64_t step, const std::vector<std::pair<const char*, double>>& fields);
   void stragglers(std::int64_t step, const comm::StragglerReport& report);
 
  private:

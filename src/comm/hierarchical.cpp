@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -22,6 +24,18 @@ std::string node_name(const std::string& configured) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   return host;
+}
+
+std::int64_t node_bytes_sent() {
+  std::int64_t total = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/net", error)) {
+    if (entry.path().filename() == "lo") continue;
+    std::ifstream counter(entry.path() / "statistics" / "tx_bytes");
+    std::int64_t bytes = 0;
+    if (counter >> bytes) total += bytes;
+  }
+  return total;
 }
 
 namespace {

@@ -2,7 +2,7 @@
 # The example trainers end to end, as a user runs them (2 ranks unless said otherwise):
 #   trainers.sh CASE BUILD_DIR SOURCE_DIR
 # CASE is one of: smoke_digits smoke_horovod smoke_engine three_ranks stragglers accuracy strategies resume interop
-# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_restart mismatched gpt_cuda.
+# mixed_precision clip_norm timeline uneven zero reshard powersgd gpt gpt_restart mismatched slow_links gpt_cuda.
 # GRADSYNC_EXAMPLES and GRADSYNC_COMPARE point at the trainers and compare_checkpoints elsewhere
 # (scripts/gpu_check.sh: the GPU bundle's).
 set -euo pipefail
@@ -290,6 +290,36 @@ PY
     "${launch2[@]}" "$examples/digits_ddp" --backend gloo --zero 3 --uneven --optimizer adam --clip-norm 1 --epochs 20 \
       --min-accuracy 0.95 --check-replicas --quiet
     echo "ZeRO-1's checkpoint equals the unsharded one byte for byte; resumed runs match (stages 1-3); stage 3 uneven" ;;
+  slow_links)  # LocalSGD and DiLoCo through the trainers' flags (examples/common/slow_links.h; the
+               # algorithms themselves are checked against PyTorch in meson test local_sgd / diloco)
+    # digits: both reach the target with the gradients never averaged after the warm-up
+    "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --local-sgd 8 --min-accuracy 0.95 --quiet
+    "${mpirun[@]}" "$examples/digits_ddp" --epochs 20 --seed 1 --optimizer adamw --lr 0.003 --diloco 8 --outer-warmup 10 \
+      --min-accuracy 0.95 --quiet
+    # gpt: LocalSGD every step and DiLoCo every step with the outer SGD at lr 1 without momentum both
+    # average the models after every inner step: the same run to rounding (measured 7.5e-9), and not
+    # DDP's (which averages the gradients: 1e-2 apart), so the gradients were indeed left local.
+    args=("${gpt_args[@]}" --steps 20 --batch 2 --backend mpi)
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --local-sgd 1 --save "$scratch/local1.safetensors"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --diloco 1 --outer-lr 1 --outer-momentum 0 --save "$scratch/diloco1.safetensors"
+    "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --save "$scratch/ddp.safetensors"
+    "$compare" "$scratch/local1.safetensors" "$scratch/diloco1.safetensors" 1e-6
+    if "$compare" "$scratch/local1.safetensors" "$scratch/ddp.safetensors" 1e-3 > /dev/null; then
+      echo "LocalSGD ended where DDP did: were the gradients synchronized?"; exit 1
+    fi
+    # Streaming DiLoCo across 2 groups of 2 (each synchronous inside), bf16 on the wire, the
+    # validation loss every 5 steps into the metrics, stopped by a time budget at the first point.
+    mpirun --allow-run-as-root --oversubscribe -np 4 "$examples/gpt_ddp" "${args[@]}" --diloco 4 --streaming-fragments 2 \
+      --fragment-delay 1 --inner-group 2 --outer-compression bf16 --val "$fixtures/gpt_train.bin" --val-every 5 \
+      --time-budget 1e-9 --metrics "$scratch/streaming.jsonl" > "$scratch/streaming.txt"
+    [[ $(grep -c '"val_loss"' "$scratch/streaming.jsonl") == 1 ]]  # the budget ended it at step 5
+    grep -q '"step": 4, .*"outer_bytes_sent": [1-9]' "$scratch/streaming.jsonl"  # both fragments launched by then
+    # Refused: a strategy with ZeRO; DiLoCo's options without --diloco.
+    if "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --diloco 4 --zero 1 > "$scratch/refused" 2>&1; then exit 1; fi
+    grep -q "run without --zero" "$scratch/refused"
+    if "${mpirun[@]}" "$examples/digits_ddp" --local-sgd 4 --outer-lr 0.5 > "$scratch/refused" 2>&1; then exit 1; fi
+    grep -q "are DiLoCo's: they need --diloco H" "$scratch/refused"
+    echo "LocalSGD and DiLoCo reach the digits target; LocalSGD = DiLoCo(lr 1) in gpt_ddp, unlike DDP; streaming runs" ;;
   reshard)  # written by 4 ranks, resumed on 2 and on 3 (ZeRO stages 0-2): the same global batch, training goes on
     launch=("$source/scripts/launch.sh")
     for zero in 0 1 2; do

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -75,6 +76,12 @@ struct CommOptions {
 // `configured` (CommOptions::node), else GRADSYNC_NODE, else torchrun's GROUP_RANK, else the host
 // name. Ranks with the same name share a node.
 std::string node_name(const std::string& configured = "");
+
+// Bytes this node's network interfaces (every one but the loopback) have sent since boot, from
+// /sys/class/net/*/statistics/tx_bytes (0 where it cannot be read): what the node put on its
+// links, so the difference over a step is the step's traffic off the node (on
+// scripts/simulate_nodes.sh's nodes, exactly the link to the others).
+std::int64_t node_bytes_sent();
 
 // The timeout an operation gets when none is given: CommOptions, the environment, the default.
 std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested);
