@@ -74,10 +74,12 @@ int main(int argc, char** argv) try {
                            "          [--strategies single,multi,forced]\n"
                            "          [--layers 24] [--width 1024] [--batch 8 (samples per microbatch)] [--steps 5]\n"
                            "          [--torch FILE (from benchmarks/torch_ddp.py)] [--timeline-cost PATH]\n"
+                           "          [--powersgd-rank R [--powersgd-on-caller (PyTorch's way: not overlapped)]]\n"
                            "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
                            "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
                            {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
-                            "--backend", "--timeline-cost", "--device", "--powersgd-rank"});
+                            "--backend", "--timeline-cost", "--device", "--powersgd-rank"},
+                           {"--powersgd-on-caller"});
   const std::string microbatch_list = flags.text("--microbatches", "1,4");
   const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
   const std::string torch_path = flags.text("--torch", "");
@@ -89,6 +91,7 @@ int main(int argc, char** argv) try {
   // The timeline's cost: the SINGLE step with it off, then recording into PATH (.rank<R>).
   const std::string timeline_path = flags.text("--timeline-cost", "");
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
+  const bool powersgd_on_caller = flags.flag("--powersgd-on-caller");
   const Device requested = Device::parse(flags.text("--device", "cpu"));
   auto comm = comm::connect(backend, requested);
   // NCCL: the rank's own GPU; a CPU backend with --device cuda: the GPU of the local rank,
@@ -158,7 +161,8 @@ int main(int argc, char** argv) try {
   std::shared_ptr<dist::PowerSGDState> powersgd;
   if (powersgd_rank > 0) {
     powersgd = std::make_shared<dist::PowerSGDState>(
-        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = 2});
+        dist::PowerSGDOptions{.matrix_approximation_rank = powersgd_rank, .start_powerSGD_iter = 2,
+                              .overlap_backward = !powersgd_on_caller});
     ddp->data_parallel().register_comm_hook(dist::powersgd_hook(powersgd));
   }
   if (comm->rank() == 0) {

@@ -3,13 +3,16 @@
 digits trainers also write "epoch_loss" and "accuracy" per epoch) into one PNG:
 
     scripts/plot_metrics.py out.png run.jsonl[=label] ... [--smooth N] [--title T] [--val label=value ...]
+    scripts/plot_metrics.py out.png run.jsonl[=label] ... --wallclock [--title T]
 
 Each run's step loss is drawn as a moving average of --smooth steps (1: as it is; default 25). A
 run with epoch records adds its per-epoch loss as markers and its held-out accuracy on a second
 axis. A label "torch X" is drawn dashed in the colour of the run labelled "X" (PyTorch beside
 gradsync); --val draws a run's final validation loss as a dashed line. The loss axis is
 logarithmic when a run has epoch records (the digits trainers' loss falls by orders), linear
-otherwise. Needs matplotlib: scripts/plot_metrics.sh installs it when missing and runs this.
+otherwise. --wallclock draws instead each run's validation-loss records (gpt_ddp --val-every)
+against the seconds since its start: strategies compared for the same wall-clock budget. Needs
+matplotlib: scripts/plot_metrics.sh installs it when missing and runs this.
 """
 import argparse
 import json
@@ -37,6 +40,30 @@ def read(path):
     return (steps, losses), epochs
 
 
+def read_validation(path):
+    """A run's validation-loss records: (seconds, losses)."""
+    seconds, losses = [], []
+    with open(path) as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "val_loss" in record and "seconds" in record:
+                seconds.append(record["seconds"])
+                losses.append(record["val_loss"])
+    if not seconds:
+        sys.exit(f"plot_metrics: {path} holds no validation-loss records (gpt_ddp --val-every)")
+    return seconds, losses
+
+
+def plot_wallclock(axes, runs):
+    for number, run in enumerate(runs):
+        path, _, label = run.partition("=")
+        seconds, losses = read_validation(path)
+        axes.plot(seconds, losses, "o-", markersize=3, linewidth=1.2, label=label or path, color=f"C{number}")
+        print(f"{path}: {len(seconds)} validation points, last {losses[-1]:.4f} at {seconds[-1]:.1f} s")
+    axes.set_xlabel("wall-clock seconds")
+    axes.set_ylabel("validation loss")
+
+
 def smooth(values, window):
     out, total = [], 0.0
     for i, value in enumerate(values):
@@ -54,6 +81,7 @@ def main():
     parser.add_argument("--smooth", type=int, default=25, help="moving-average window in steps (1: none)")
     parser.add_argument("--title", default="")
     parser.add_argument("--val", nargs="*", default=[], help="label=final validation loss")
+    parser.add_argument("--wallclock", action="store_true", help="validation loss against seconds")
     args = parser.parse_args()
     if args.smooth < 1:
         parser.error("--smooth must be at least 1")
@@ -65,6 +93,16 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axes = plt.subplots(figsize=(8, 4.5))
+    if args.wallclock:
+        plot_wallclock(axes, args.runs)
+        if args.title:
+            axes.set_title(args.title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(args.png, dpi=110)
+        print(f"plot_metrics: wrote {args.png}")
+        return
     accuracy_axis = None
     colours = {}
     for run in args.runs:

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "completed_work.h"
+#include "off_thread_hook.h"
 #include "gradsync/kernels/ops.h"
 #include "kernels/low_rank.h"
 #include "torch_random.h"
@@ -22,9 +23,8 @@ struct PowerSGDState::Impl {
   std::map<std::size_t, Tensor> error;     // by bucket: what the approximation missed on this rank
   std::map<std::size_t, Tensor> p_memory;  // by bucket: every compressed matrix's P, one buffer
   std::map<std::size_t, Tensor> q_memory;  // by bucket: ... and Q (kept for the warm start)
-  // Working buffers kept from step to step (not state): a fresh 25 MiB copy every step would
-  // cost more in page faults than the products (a third of the hook's time, measured).
-  std::map<std::size_t, Tensor> input_copy;
+  // A working buffer kept from step to step (not state): a fresh copy every step would cost
+  // more in page faults than the products (measured).
   std::map<std::size_t, Tensor> uncompressed;
 };
 
@@ -100,8 +100,9 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
   const DType dtype = flat.dtype();
   const Device device = flat.device();
 
-  // Error feedback: last step's residue joins this step's gradient.
-  Tensor input_copy;
+  // Error feedback: last step's residue joins this step's gradient. The error buffer then holds
+  // this input (torch keeps a copy of it apart: one more bucket-sized buffer), and at the end
+  // the approximation is subtracted from it.
   if (options.use_error_feedback) {
     if (const Tensor* error = on_device(state.error, b, device)) {
       GRADSYNC_CHECK(error->numel() == flat.numel() && error->dtype() == flat.dtype(), "PowerSGD: ", bucket_name(info),
@@ -109,10 +110,9 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
                      error->numel(), " ", dtype_name(error->dtype()), ": the buckets changed under the state");
       ops::axpy(1.0, *error, flat);
     } else {
-      state.error[b] = Tensor::zeros({flat.numel()}, dtype, device);
+      state.error[b] = Tensor::empty({flat.numel()}, dtype, device);
     }
-    input_copy = reuse(state.input_copy, b, flat.numel(), dtype, device);
-    ops::copy(flat, input_copy);
+    ops::copy(flat, state.error[b]);
   }
 
   // Which tensors are worth compressing: (rows + cols) r x min_compression_rate < rows x cols.
@@ -231,11 +231,7 @@ void compress_bucket(PowerSGDState::Impl& state, comm::Communicator& comm, Tenso
   ops::scale(q_memory, 1.0 / world);
   for (Factors& f : factors) kernels::matmul(f.p, false, f.q, true, f.m);
 
-  if (options.use_error_feedback) {
-    Tensor& error = state.error[b];
-    ops::copy(input_copy, error);
-    ops::axpy(-1.0, flat, error);
-  }
+  if (options.use_error_feedback) ops::axpy(-1.0, flat, state.error[b]);  // the input less its approximation
   if (!options.warm_start) {
     state.p_memory.clear();
     state.q_memory.clear();
@@ -390,11 +386,9 @@ void PowerSGDState::load_state_dict(const std::map<std::string, Tensor>& state) 
 
 ReduceHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
   GRADSYNC_CHECK(state != nullptr, "powersgd_hook: no state");
-  return [state](comm::Communicator& comm, Tensor& flat, const BucketInfo& info) -> comm::WorkHandle {
+  const bool overlap = state->options().overlap_backward;
+  ReduceHook hook = [state](comm::Communicator& comm, Tensor& flat, const BucketInfo& info) -> comm::WorkHandle {
     PowerSGDState::Impl& impl = state->impl();
-    GRADSYNC_CHECK(flat.dtype() == DType::f32 || flat.dtype() == DType::f64, "PowerSGD: ", bucket_name(info), " holds ",
-                   dtype_name(flat.dtype()), " gradients; PowerSGD runs on f32 and f64 (keep f32 gradients, or use ",
-                   "Compression::bf16 instead)");
     if (impl.iteration < impl.options.start_powerSGD_iter) {
       comm.allreduce(flat, comm::ReduceOp::avg);  // plain averaging until PowerSGD starts
     } else {
@@ -402,6 +396,14 @@ ReduceHook powersgd_hook(std::shared_ptr<PowerSGDState> state) {
     }
     if (info.index + 1 == info.bucket_count) ++impl.iteration;  // the round's last bucket ends a step
     return std::make_shared<CompletedWork>("powerSGD " + bucket_name(info));
+  };
+  if (overlap) hook = off_thread(std::move(hook));
+  // The bucket's dtype checked on the caller's thread, where the launch can still refuse it.
+  return [hook = std::move(hook)](comm::Communicator& comm, Tensor& flat, const BucketInfo& info) -> comm::WorkHandle {
+    GRADSYNC_CHECK(flat.dtype() == DType::f32 || flat.dtype() == DType::f64, "PowerSGD: ", bucket_name(info), " holds ",
+                   dtype_name(flat.dtype()), " gradients; PowerSGD runs on f32 and f64 (keep f32 gradients, or use ",
+                   "Compression::bf16 instead)");
+    return hook(comm, flat, info);
   };
 }
 

@@ -166,6 +166,37 @@ TEST_P(PowerSGDReference, EveryStepMatchesPyTorch) {
               device.str().c_str(), largest);
 }
 
+// The hook off the caller's thread (the default, overlap_backward) and on it: every output and
+// every state entry the same bit for bit, at every step (the same operations in the same order,
+// over a duplicate of the communicator).
+TEST(PowerSGD, OffTheCallersThreadItComputesTheSame) {
+  const std::string name = "w3_r4";
+  const nlohmann::json the_case = meta(name + ".case");
+  const nlohmann::json layout = meta(name + ".layout");
+  const int steps = std::stoi(fixture().metadata().at("steps"));
+  comm::run_gloo_thread_group(the_case["world"].get<int>(), [&](comm::Communicator& comm) {
+    ParameterRegistry registry;
+    register_layout(registry, layout);
+    PowerSGDOptions inline_options = options_of(the_case);
+    inline_options.overlap_backward = false;
+    auto overlapped = std::make_shared<PowerSGDState>(options_of(the_case));
+    auto on_caller = std::make_shared<PowerSGDState>(inline_options);
+    const dist::ReduceHook overlapped_hook = dist::powersgd_hook(overlapped);
+    const dist::ReduceHook caller_hook = dist::powersgd_hook(on_caller);
+    for (int step = 0; step < steps; ++step) {
+      Tensor a = input_of(name, comm.rank(), step), b = a.clone();
+      const dist::BucketInfo info = bucket_at(registry, layout, step);
+      const comm::WorkHandle work = overlapped_hook(comm, a, info);  // in flight while the other runs
+      caller_hook(comm, b, info)->wait();
+      work->wait();
+      ASSERT_EQ(a.to_double_vector(), b.to_double_vector()) << "step " << step;
+      const auto x = overlapped->state_dict(), y = on_caller->state_dict();
+      ASSERT_EQ(x.size(), y.size());
+      for (const auto& [key, tensor] : x) EXPECT_EQ(tensor.to_double_vector(), y.at(key).to_double_vector()) << key;
+    }
+  });
+}
+
 // A run stopped after step 12 (each rank's state saved to a safetensors file, loaded into a new
 // state) continues as the uninterrupted one, bit for bit: error, P, Q, the iteration and the
 // random generator are all in the state.

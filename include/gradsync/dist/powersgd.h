@@ -42,6 +42,10 @@ struct PowerSGDOptions {
   // PyTorch's batched variant of the per-shape work: matrices of one shape share one random
   // draw (the only observable difference; the products are the same per matrix).
   bool batch_tensors_with_same_shape = false;
+  // gradsync's: each bucket's compression runs on a thread of its own, over a duplicate of the
+  // communicator, while the engine's backward goes on (host buckets; a device bucket runs on the
+  // caller's thread). false: on the caller's thread, as PyTorch's hook. The same results.
+  bool overlap_backward = true;
 };
 
 // PowerSGD's state across steps (PyTorch's PowerSGDState): the error feedback, the P and Q
@@ -75,8 +79,8 @@ class PowerSGDState {
   std::unique_ptr<Impl> impl_;
 };
 
-// The Reducer hook (DataParallel::register_comm_hook, ReducerOptions::hook). It runs on the
-// caller's thread: three collectives per bucket with matrix products between them.
+// The Reducer hook (DataParallel::register_comm_hook, ReducerOptions::hook): three collectives per
+// bucket with matrix products between them, off the caller's thread (overlap_backward).
 ReduceHook powersgd_hook(std::shared_ptr<PowerSGDState> state);
 
 }  // namespace gradsync::dist
