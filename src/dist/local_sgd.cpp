@@ -9,6 +9,7 @@
 #include "gradsync/core/timeline.h"
 #include "gradsync/dist/replicas.h"
 #include "gradsync/kernels/ops.h"
+#include "join_census.h"
 
 namespace gradsync::dist {
 
@@ -35,23 +36,63 @@ void LocalSGD::set_steps(std::int64_t steps) {
   steps_ = steps;
 }
 
-bool LocalSGD::step() {
-  const std::int64_t step = steps_++;
-  if (step < options_.warmup_steps || (step - options_.warmup_steps) % options_.period != 0) return false;
+bool LocalSGD::step() { return advance(nullptr); }
+
+bool LocalSGD::advance(JoinStep* step) {
+  const std::int64_t s = steps_++;
+  if (s < options_.warmup_steps || (s - options_.warmup_steps) % options_.period != 0) return false;
   if (comm_.size() == 1) return true;
+  JoinCensus census{.options = join_options_, .shadowing = shadowing_, .first = first_shadow_};
+  const double factor = census.take(comm_, step, "a LocalSGD average");
+  first_shadow_ = census.first;
+  if (factor == 0) return false;  // every rank has joined: finish_join averages
+  // Dividing by the active ranks, a joined rank adds nothing to the sum.
+  const bool adds_nothing = shadowing_ && !join_options_->divide_by_initial_world_size;
+  average_scaled(adds_nothing ? 0.0 : factor);
+  return true;
+}
+
+void LocalSGD::average() {
+  if (comm_.size() > 1) average_scaled(1.0 / comm_.size());
+}
+
+// One flat buffer per dtype (allreduce_coalesced), each value multiplied by `factor` (1 / W)
+// first, then summed: PeriodicModelAverager's order.
+void LocalSGD::average_scaled(double factor) {
   timeline::Span span("local_sgd", "average the models");
-  // One flat buffer per dtype (allreduce_coalesced), each value divided by the ranks' count
-  // first, then summed: PeriodicModelAverager's order.
   std::map<DType, std::vector<Tensor>> by_dtype;
   for (Parameter& parameter : registry_) {
     if (!parameter.requires_grad()) continue;
     Tensor& value = parameter.value();
-    ops::scale(value, 1.0 / comm_.size());
+    ops::scale(value, factor);
     by_dtype[value.dtype()].push_back(value);
   }
   const comm::OperationLabel label("LocalSGD: the models averaged");
   for (auto& [dtype, tensors] : by_dtype) comm_.allreduce_coalesced(tensors, comm::ReduceOp::sum);
-  return true;
 }
+
+// ---- Joinable (join.h) ----------------------------------------------------------------------
+
+void LocalSGD::join_opened(const JoinOptions* options) {
+  join_options_ = options;
+  shadowing_ = false;
+}
+
+void LocalSGD::require_joinable() const {
+  GRADSYNC_CHECK(!in_warmup(), "LocalSGD: a rank joined (dist::Join) in the warm-up, whose synchronous steps LocalSGD ",
+                 "does not shadow; join after it, or run the warm-up's uneven inputs under the DataParallel's Join");
+}
+
+void LocalSGD::begin_shadowing() {
+  shadowing_ = true;
+  first_shadow_ = true;
+}
+
+void LocalSGD::shadow_step(JoinStep& step) {
+  step.synchronized = false;
+  while (!step.synchronized) advance(&step);
+}
+
+void LocalSGD::finish_join(int) { average(); }
 
 }  // namespace gradsync::dist

@@ -7,6 +7,7 @@
 // bit for bit; a state of another world size or H is refused, naming the difference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "expectations.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/diloco.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
@@ -160,6 +162,116 @@ TEST(DiLoCo, ItsStateResumesBitForBitAndIsRefusedElsewhere) {
            EXPECT_GRADSYNC_ERROR(diloco.load_state(io::SafetensorsReader(folder / "diloco.safetensors")),
                                  "diloco.sync_every 4, this run has 5");
          }});
+}
+
+// Uneven inputs: rank r takes `steps[r]` inner steps of the fixture case `name`. `join`: inside
+// dist::Join({&diloco}) with those options, join() when out of data; otherwise the reference: a
+// rank out of data keeps calling step() without an inner step up to the longest rank's count
+// (its replica lands on g at each outer step and adds nothing after), then every rank calls
+// synchronize(). Returns every rank's final values, the last joiners (join) and what each rank's
+// JoinEarlyTermination said ("": none).
+struct Uneven {
+  std::vector<std::vector<double>> finals;
+  std::vector<int> last_joiner;
+  std::vector<std::string> terminated;
+};
+Uneven uneven(const std::string& name, const std::vector<int>& steps, std::optional<dist::JoinOptions> join) {
+  const int world = static_cast<int>(steps.size());
+  const nlohmann::json settings = nlohmann::json::parse(fixture().metadata().at("settings")).at(name);
+  Uneven out{std::vector<std::vector<double>>(steps.size()), std::vector<int>(steps.size(), -1),
+             std::vector<std::string>(steps.size())};
+  const int longest = *std::max_element(steps.begin(), steps.end());
+  comm::run_gloo_thread_group(world, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    ParameterRegistry registry;
+    auto layers = testing::fixture_mlp(registry, fixture());
+    optim::Hyperparameters hyperparameters;
+    for (const auto& [key, value] : settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
+    auto inner = testing::make_test_optimizer(settings.at("inner").get<std::string>(), registry, hyperparameters);
+    dist::DiLoCo diloco(registry, comm,
+                        {.sync_every = settings.at("sync_every").get<std::int64_t>(),
+                         .outer_lr = settings.at("outer_lr").get<double>(),
+                         .outer_momentum = settings.at("outer_momentum").get<double>(),
+                         .nesterov = settings.at("nesterov").get<bool>(),
+                         .fragments = settings.at("fragments").get<std::int64_t>(),
+                         .delay = settings.at("delay").get<std::int64_t>(),
+                         .compression = dist::parse_compression(settings.at("compression").get<std::string>())});
+    int step = 0;
+    try {
+      std::optional<dist::Join> joined;
+      if (join) joined.emplace(std::vector<dist::Joinable*>{&diloco}, *join);
+      for (; step < steps[r]; ++step) {
+        const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(comm.rank());
+        nn::LossResult loss = nn::softmax_cross_entropy(layers->forward(fixture().read(batch + ".x")), fixture().read(batch + ".y"));
+        layers->backward(loss.grad);
+        inner->step();
+        inner->zero_grad();
+        diloco.step();
+      }
+      if (joined) {
+        out.last_joiner[r] = joined->join();
+      } else {
+        for (; step < longest; ++step) diloco.step();
+        diloco.synchronize();
+      }
+    } catch (const dist::JoinEarlyTermination& error) {
+      out.terminated[r] = "step " + std::to_string(step) + ": " + error.what();
+      return;
+    }
+    for (Parameter& p : registry) {
+      const std::vector<double> v = p.value().to_double_vector();
+      out.finals[r].insert(out.finals[r].end(), v.begin(), v.end());
+    }
+  });
+  return out;
+}
+
+// A rank out of data under dist::Join answers the outer reductions: its progress since each
+// fragment's last launch, then nothing; dividing by the world, that is exactly a rank that keeps
+// stepping DiLoCo without inner steps, and the Join's end synchronizes every fragment that moved.
+// Bit for bit, for DiLoCo, streaming DiLoCo and streaming with a delay in bf16, on 3 ranks taking
+// 24, 17 and 10 steps; every replica ends equal, the last joiner is rank 0. With even inputs the
+// Join changes nothing: the fixture's DiLoCo run, bit for bit.
+TEST(DiLoCo, AJoinedRankAnswersTheOuterReductions) {
+  for (const std::string name : {"adamw", "stream3", "stream2.bf16"}) {
+    const Uneven reference = uneven(name, {24, 17, 10}, std::nullopt);
+    const Uneven joined = uneven(name, {24, 17, 10}, dist::JoinOptions{});
+    for (std::size_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(joined.finals[r], reference.finals[r]) << name << ", rank " << r;
+      EXPECT_EQ(joined.finals[r], joined.finals[0]) << name << ", rank " << r << " (every replica holds g at the end)";
+      EXPECT_EQ(joined.last_joiner[r], 0) << name;
+    }
+  }
+  const Uneven even = uneven("adamw", {24, 24, 24}, dist::JoinOptions{});
+  const auto [losses, finals] = train({.world = 3, .name = "adamw"});
+  for (std::size_t r = 0; r < 3; ++r) EXPECT_EQ(even.finals[r], finals[r]) << "rank " << r;
+  // Dividing by the active ranks: another outer step than dividing by the world, every replica equal.
+  const Uneven active = uneven("adamw", {24, 17, 10}, dist::JoinOptions{.divide_by_initial_world_size = false});
+  const Uneven by_world = uneven("adamw", {24, 17, 10}, dist::JoinOptions{});
+  EXPECT_NE(active.finals[0], by_world.finals[0]);
+  for (std::size_t r = 1; r < 3; ++r) EXPECT_EQ(active.finals[r], active.finals[0]) << "rank " << r;
+}
+
+// throw_on_early_termination: every rank raises at the first outer reduction after a rank ran out
+// (rank 2 after 10 steps; H = 4: the reduction of step 12); joining in the warm-up is an error.
+TEST(DiLoCo, EarlyTerminationAndTheWarmUp) {
+  const Uneven out = uneven("adamw", {24, 17, 10}, dist::JoinOptions{.throw_on_early_termination = true});
+  EXPECT_NE(out.terminated[2].find("step 10: "), std::string::npos) << out.terminated[2];
+  EXPECT_NE(out.terminated[2].find("Rank 2 exhausted all inputs."), std::string::npos) << out.terminated[2];
+  for (const std::size_t r : {0u, 1u}) {
+    EXPECT_EQ(out.terminated[r].rfind("step 11: ", 0), 0u) << "rank " << r << ": " << out.terminated[r];
+    EXPECT_NE(out.terminated[r].find("Detected at least one rank that exhausted inputs"), std::string::npos)
+        << "rank " << r << ": " << out.terminated[r];
+  }
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {4});
+    registry.finalize();
+    dist::DiLoCo diloco(registry, comm, {.sync_every = 4, .warmup_steps = 5});
+    diloco.step();
+    dist::Join join({&diloco});
+    EXPECT_GRADSYNC_ERROR(join.join(), "joined (dist::Join) in the warm-up");
+  });
 }
 
 // Streaming DiLoCo checkpointed with a fragment's reduction in flight (stream3.overlap, 3 ranks:

@@ -74,7 +74,7 @@ struct DataParallelOptions {
   // reduce-scattered inside the group, then this rank's reduced piece allreduced over `replicas`
   // (ReducerOptions::replicas); gradients divide by the whole job's size; the step status (used
   // parameters, sync decisions) is the job's; construction checks the parameters and broadcasts
-  // rank 0's values over both. Needs shard_gradients; not under dist::Join.
+  // rank 0's values over both. Needs shard_gradients. Under dist::Join a rank joins the whole job.
   comm::Communicator* replicas = nullptr;
 };
 

@@ -31,6 +31,7 @@
 #include <memory>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/dist/reducer.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/registry/parameter_registry.h"
@@ -53,14 +54,18 @@ struct DiLoCoOptions {
   Compression compression = Compression::none;  // the pseudo-gradients on the wire (fp16 / bf16)
 };
 
-// DiLoCo over a communicator (above).
-class DiLoCo {
+// DiLoCo over a communicator (above). A Joinable: under dist::Join({&diloco}, options) (after the
+// warm-up, each rank its own replica), a rank out of data keeps answering the outer reductions
+// (its progress since each fragment's last launch, then nothing), each reduction preceded by a
+// census of who has joined (divide_by_initial_world_size false: the average divides by the
+// active ranks); when every rank is out, synchronize() runs on all of them.
+class DiLoCo : public Joinable {
  public:
   // Collective over `comm`: every rank the same options and trainable parameters (an error on
   // every rank naming the first difference); then rank 0's values everywhere (the first
   // synchronization, at step 0) and the outer model g taken from them.
   DiLoCo(ParameterRegistry& registry, comm::Communicator& comm, DiLoCoOptions options = {});
-  ~DiLoCo();
+  ~DiLoCo() override;
   DiLoCo(const DiLoCo&) = delete;
   DiLoCo& operator=(const DiLoCo&) = delete;
 
@@ -68,6 +73,10 @@ class DiLoCo {
   // outer steps that are due (collective then). Returns whether an outer step landed (a whole
   // one, or a fragment's).
   bool step();
+  // Every fragment in flight lands, then an outer step of every fragment that some rank has moved
+  // since its last synchronization: every rank then holds the outer model g (the end of training,
+  // before an evaluation or a save). Collective; not in the warm-up.
+  void synchronize();
   bool in_warmup() const;            // the next step is a warm-up step (synchronize the gradients)
   std::int64_t inner_steps() const;  // step() calls so far
   // Bytes this rank has sent to the outer reductions so far (the pseudo-gradients on the wire,
@@ -88,6 +97,15 @@ class DiLoCo {
   void load_state(const io::SafetensorsReader& file);  // (above)
 
  private:
+  // Joinable (join.h): a joined rank's shadow step runs the active ranks' steps up to their next
+  // outer reduction and takes part in it; at the end, synchronize().
+  void join_opened(const JoinOptions* options) override;
+  void require_joinable() const override;
+  void begin_shadowing() override;
+  void shadow_step(JoinStep& step) override;
+  void finish_join(int last_joiner) override;
+  comm::Communicator& join_communicator() const override;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

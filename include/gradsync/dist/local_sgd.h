@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "gradsync/comm/communicator.h"
+#include "gradsync/dist/join.h"
 #include "gradsync/registry/parameter_registry.h"
 
 namespace gradsync::dist {
@@ -29,8 +30,11 @@ struct LocalSGDOptions {
   std::int64_t warmup_steps = 0;  // steps before the first averaging (the engine syncs gradients then)
 };
 
-// Periodic model averaging (above).
-class LocalSGD {
+// Periodic model averaging (above). A Joinable: under dist::Join({&local}, options) (after the
+// warm-up), a rank out of data keeps taking part in the averages with its replica as it is
+// (dividing by the world; dividing by the active ranks it adds nothing), each average preceded by
+// a census of who has joined; when every rank is out, a last average() on all of them.
+class LocalSGD : public Joinable {
  public:
   // Collective: every rank the same options and trainable parameters (an error on every rank
   // naming the first difference otherwise).
@@ -43,16 +47,33 @@ class LocalSGD {
   // that used different parameters still average the same set). Returns whether it averaged.
   // Collective when due.
   bool step();
+  // Averages the models now (collective): the end of training, before an evaluation or a save.
+  void average();
   bool in_warmup() const { return steps_ < options_.warmup_steps; }  // the next step comes before the first averaging
   std::int64_t steps() const { return steps_; }  // step() calls so far
   void set_steps(std::int64_t steps);  // the count a checkpoint carried (resuming)
   const LocalSGDOptions& options() const { return options_; }  // as given
 
  private:
+  // Joinable (join.h): a joined rank's shadow step runs the steps up to the next average and
+  // takes part in it; at the end, average().
+  void join_opened(const JoinOptions* options) override;
+  void require_joinable() const override;
+  void begin_shadowing() override;
+  void shadow_step(JoinStep& step) override;
+  void finish_join(int last_joiner) override;
+  comm::Communicator& join_communicator() const override { return comm_; }
+  // The next step: the average when due (`step`: a joined rank's census; null: an active rank).
+  bool advance(JoinStep* step);
+  void average_scaled(double factor);
+
   ParameterRegistry& registry_;
   comm::Communicator& comm_;
   LocalSGDOptions options_;
   std::int64_t steps_ = 0;
+  const JoinOptions* join_options_ = nullptr;  // the dist::Join this rank is inside, or null
+  bool shadowing_ = false;                     // this rank has joined
+  bool first_shadow_ = false;                  // ... and has not been counted in a census since
 };
 
 }  // namespace gradsync::dist
