@@ -16,6 +16,7 @@
 //   benchmarks/compare_ddp.sh 2        (adds PyTorch DDP on gloo, same model, ranks, microbatches)
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -68,6 +69,24 @@ std::map<std::pair<std::string, int>, double> read_torch(const std::string& path
 
 }  // namespace
 
+// --idle-ms: a layer whose backward waits this long with the CPU free, as the host thread of a
+// GPU engine waits on its kernels: the regime where work moved off the caller's thread (the
+// PowerSGD hook's) can run beside the backward.
+class Idle final : public nn::Module {
+ public:
+  Idle(ParameterRegistry& registry, double ms) : registry_(registry), ms_(ms) {}
+  ParameterRegistry& registry() override { return registry_; }
+  Tensor forward(const Tensor& input) override { return input; }
+  Tensor backward(const Tensor& grad_output) override {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms_));
+    return grad_output;
+  }
+
+ private:
+  ParameterRegistry& registry_;
+  double ms_;
+};
+
 int main(int argc, char** argv) try {
   const bench::Flags flags(argc, argv,
                            "bench_ddp [--backend auto|mpi|gloo|nccl] [--device cpu|cuda] [--microbatches 1,4]\n"
@@ -75,10 +94,11 @@ int main(int argc, char** argv) try {
                            "          [--layers 24] [--width 1024] [--batch 8 (samples per microbatch)] [--steps 5]\n"
                            "          [--torch FILE (from benchmarks/torch_ddp.py)] [--timeline-cost PATH]\n"
                            "          [--powersgd-rank R [--powersgd-on-caller (PyTorch's way: not overlapped)]]\n"
+                           "          [--idle-ms MS (each layer's backward also waits MS with the CPU free, as a GPU engine's host)]\n"
                            "  DataParallel steps of an MLP against the compute-only step and PyTorch DDP; run on\n"
                            "  several ranks (mpirun -np 2 ..., or benchmarks/compare_ddp.sh)",
                            {"--microbatches", "--strategies", "--layers", "--width", "--batch", "--steps", "--torch",
-                            "--backend", "--timeline-cost", "--device", "--powersgd-rank"},
+                            "--backend", "--timeline-cost", "--device", "--powersgd-rank", "--idle-ms"},
                            {"--powersgd-on-caller"});
   const std::string microbatch_list = flags.text("--microbatches", "1,4");
   const std::string strategy_list = flags.text("--strategies", "single,multi,forced");
@@ -92,6 +112,7 @@ int main(int argc, char** argv) try {
   const std::string timeline_path = flags.text("--timeline-cost", "");
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const bool powersgd_on_caller = flags.flag("--powersgd-on-caller");
+  const double idle_ms = flags.number("--idle-ms", 0.0);
   const Device requested = Device::parse(flags.text("--device", "cpu"));
   auto comm = comm::connect(backend, requested);
   // NCCL: the rank's own GPU; a CPU backend with --device cuda: the GPU of the local rank,
@@ -107,6 +128,7 @@ int main(int argc, char** argv) try {
   for (int l = 0; l < layers; ++l) {
     model->add<nn::Linear>("layer" + std::to_string(l), width, width, DType::f32, device);
     model->add<nn::ReLU>();
+    if (idle_ms > 0) model->add<Idle>(idle_ms);
   }
   model->initialize(1);
   optim::SGD sgd(registry, optim::SGD::Options{.lr = 1e-4, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.0,

@@ -115,11 +115,15 @@ int main(int argc, char** argv) try {
   const std::int64_t val_every = flags.integer("--val-every", 0);
   const double time_budget = flags.number("--time-budget", 0.0);
   flags.finish();
-  GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && shard_group < 0 && powersgd_rank == 0 && !uneven &&
-                                             restarts.checkpoint_every == 0 && resume_flag.empty()),
-                 "--local-sgd / --diloco run without --zero, --shard-group, --powersgd-rank, --uneven and checkpoints in ",
-                 "gpt_ddp (each rank's model and AdamW state are its own between synchronizations: a checkpoint would ",
-                 "hold every rank's; the library's LocalSGD and DiLoCo checkpoint their own state)");
+  // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
+  // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.
+  GRADSYNC_CHECK(!slow_options.enabled() ||
+                     ((zero_stage == 0 || (zero_stage <= 2 && slow_options.inner_group > 0)) && shard_group < 0 &&
+                      powersgd_rank == 0 && !uneven && restarts.checkpoint_every == 0 && resume_flag.empty()),
+                 "--local-sgd / --diloco run without --zero (but 1 or 2 with --inner-group), --shard-group, ",
+                 "--powersgd-rank, --uneven and checkpoints in gpt_ddp (each rank's model and AdamW state are its own ",
+                 "between synchronizations: a checkpoint would hold every rank's; the library's LocalSGD and DiLoCo ",
+                 "checkpoint their own state)");
   GRADSYNC_CHECK((val_every == 0 && time_budget == 0) || !val_path.empty(), "--val-every and --time-budget need --val");
   GRADSYNC_CHECK(time_budget == 0 || val_every > 0, "--time-budget is checked at the --val-every points: give --val-every");
   GRADSYNC_CHECK(val_every == 0 || !uneven, "--val-every with --uneven: its allreduce has no partner on a joined rank");

@@ -314,12 +314,21 @@ PY
       --time-budget 1e-9 --metrics "$scratch/streaming.jsonl" > "$scratch/streaming.txt"
     [[ $(grep -c '"val_loss"' "$scratch/streaming.jsonl") == 1 ]]  # the budget ended it at step 5
     grep -q '"step": 4, .*"outer_bytes_sent": [1-9]' "$scratch/streaming.jsonl"  # both fragments launched by then
-    # Refused: a strategy with ZeRO; DiLoCo's options without --diloco.
+    # DiLoCo across 2 groups of 2 whose inner AdamW is ZeRO 1 or 2 over the group: the run with a
+    # plain DataParallel inside, bit for bit (measured 0).
+    for stage in 0 1 2; do
+      mpirun --allow-run-as-root --oversubscribe -np 4 "$examples/gpt_ddp" "${gpt_args[@]}" --steps 20 --batch 1 \
+        --backend mpi --diloco 4 --inner-group 2 --zero $stage --save "$scratch/inner_zero$stage.safetensors"
+    done
+    for stage in 1 2; do "$compare" "$scratch/inner_zero0.safetensors" "$scratch/inner_zero$stage.safetensors" 0; done
+    # Refused: ZeRO without inner groups (every rank its own replica), ZeRO 3 (sharded values);
+    # DiLoCo's options without --diloco.
     if "${mpirun[@]}" "$examples/gpt_ddp" "${args[@]}" --diloco 4 --zero 1 > "$scratch/refused" 2>&1; then exit 1; fi
-    grep -q "run without --zero" "$scratch/refused"
+    grep -q "run without --zero (but 1 or 2 with --inner-group)" "$scratch/refused"
     if "${mpirun[@]}" "$examples/digits_ddp" --local-sgd 4 --outer-lr 0.5 > "$scratch/refused" 2>&1; then exit 1; fi
     grep -q "are DiLoCo's: they need --diloco H" "$scratch/refused"
-    echo "LocalSGD and DiLoCo reach the digits target; LocalSGD = DiLoCo(lr 1) in gpt_ddp, unlike DDP; streaming runs" ;;
+    echo "LocalSGD and DiLoCo reach the digits target; LocalSGD = DiLoCo(lr 1) in gpt_ddp, unlike DDP; streaming runs;" \
+      "DiLoCo over inner ZeRO 1 and 2 = over inner DDP" ;;
   reshard)  # written by 4 ranks, resumed on 2 and on 3 (ZeRO stages 0-2): the same global batch, training goes on
     launch=("$source/scripts/launch.sh")
     for zero in 0 1 2; do
