@@ -66,12 +66,13 @@ SlowLinks::SlowLinks(const SlowLinkOptions& options, ParameterRegistry& registry
     }
     local_sgd_.emplace(registry, across, dist::LocalSGDOptions{.period = options.local_sgd, .warmup_steps = options.warmup});
   } else {
-    diloco_ = std::make_unique<dist::DiLoCo>(
-        registry, across,
-        dist::DiLoCoOptions{.sync_every = options.diloco, .outer_lr = options.outer_lr,
-                            .outer_momentum = options.outer_momentum, .nesterov = options.outer_momentum > 0,
-                            .warmup_steps = options.warmup, .fragments = options.fragments, .delay = options.delay,
-                            .mixing = options.mixing, .compression = dist::parse_compression(options.compression)});
+    const dist::DiLoCoOptions diloco_options{
+        .sync_every = options.diloco, .outer_lr = options.outer_lr, .outer_momentum = options.outer_momentum,
+        .nesterov = options.outer_momentum > 0, .warmup_steps = options.warmup, .fragments = options.fragments,
+        .delay = options.delay, .mixing = options.mixing, .compression = dist::parse_compression(options.compression)};
+    // Inside a group every rank holds the same model: each sends 1/N of the pseudo-gradients across.
+    diloco_ = groups_ ? std::make_unique<dist::DiLoCo>(registry, across, groups_->shard(), diloco_options)
+                      : std::make_unique<dist::DiLoCo>(registry, across, diloco_options);
   }
 }
 

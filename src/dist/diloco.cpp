@@ -42,8 +42,10 @@ std::vector<std::int64_t> split_into_fragments(const std::vector<std::int64_t>& 
 
 }  // namespace
 
-DiLoCo::Impl::Impl(ParameterRegistry& registry_, comm::Communicator& comm_, const DiLoCoOptions& options_)
-    : registry(registry_), comm(comm_), options(options_) {
+DiLoCo::Impl::Impl(ParameterRegistry& registry_, comm::Communicator& comm_, comm::Communicator* within_,
+                   const DiLoCoOptions& options_)
+    : registry(registry_), comm(comm_), within(within_ != nullptr && within_->size() > 1 ? within_ : nullptr),
+      options(options_) {
   GRADSYNC_CHECK(options.sync_every > 0, "DiLoCo: sync_every ", options.sync_every, " (expected a positive number of steps)");
   GRADSYNC_CHECK(options.outer_lr > 0, "DiLoCo: outer_lr ", options.outer_lr, " (expected a positive learning rate)");
   GRADSYNC_CHECK(options.warmup_steps >= 0, "DiLoCo: warmup_steps ", options.warmup_steps, " (expected >= 0)");
@@ -71,6 +73,10 @@ DiLoCo::Impl::Impl(ParameterRegistry& registry_, comm::Communicator& comm_, cons
   for (const auto& [key, value] : diloco_option_entries(options)) lines.push_back(key + " " + value);
   require_same_lines(comm, lines, "DiLoCo", "options", "Option");
   require_same_parameters(comm, described, names, "DiLoCo");
+  if (within != nullptr) {
+    require_same_lines(*within, lines, "DiLoCo (inside the group)", "options", "Option");
+    require_same_parameters(*within, described, names, "DiLoCo (inside the group)");
+  }
   fragment_of = split_into_fragments(sizes, options.fragments);
   fragments.resize(static_cast<std::size_t>(options.fragments));
   for (std::size_t k = 0; k < trainable.size(); ++k) fragments[static_cast<std::size_t>(fragment_of[k])].members.push_back(k);
@@ -109,10 +115,20 @@ void DiLoCo::Impl::allocate_wires(Fragment& fragment) {
     fragment.wires[w].members.emplace_back(k, sizes[w]);
     sizes[w] += static_cast<std::size_t>(trainable[k]->numel());
   }
+  // Under `within`, padded to a multiple of the group's size (zeros: the slices are equal).
+  const std::size_t group = within != nullptr ? static_cast<std::size_t>(within->size()) : 1;
   for (std::size_t w = 0; w < fragment.wires.size(); ++w) {
     Wire& wire = fragment.wires[w];
-    wire.buffer = Tensor::empty({static_cast<std::int64_t>(sizes[w])}, wire.buffer.dtype(), wire.buffer.device());
+    const std::size_t padded = (sizes[w] + group - 1) / group * group;
+    wire.buffer = group > 1 ? Tensor::zeros({static_cast<std::int64_t>(padded)}, wire.buffer.dtype(), wire.buffer.device())
+                            : Tensor::empty({static_cast<std::int64_t>(sizes[w])}, wire.buffer.dtype(), wire.buffer.device());
   }
+}
+
+Tensor DiLoCo::Impl::my_slice(const Wire& wire) const {
+  if (within == nullptr) return wire.buffer;
+  const std::int64_t slice = wire.buffer.numel() / within->size();
+  return wire.buffer.view(static_cast<std::size_t>(within->rank() * slice), {slice});
 }
 
 // `source` (a member's values, any shape) into its place on the wire, converted; or back.
@@ -145,8 +161,9 @@ void DiLoCo::Impl::launch(Fragment& fragment, double factor) {
     }
     if (comm.size() > 1) {
       const comm::OperationLabel label("DiLoCo: the pseudo-gradients averaged");
-      fragment.works.push_back(comm.allreduce_async(wire.buffer, comm::ReduceOp::sum));
-      bytes_sent += static_cast<std::int64_t>(wire.buffer.nbytes());
+      Tensor slice = my_slice(wire);
+      fragment.works.push_back(comm.allreduce_async(slice, comm::ReduceOp::sum));
+      bytes_sent += static_cast<std::int64_t>(slice.nbytes());
     }
   }
   fragment.pending = true;
@@ -157,9 +174,17 @@ void DiLoCo::Impl::launch(Fragment& fragment, double factor) {
 // wires), then rethrows the first failure.
 void DiLoCo::Impl::land(Fragment& fragment) {
   comm::FirstError errors;
+  const bool reduced = !fragment.works.empty();
   for (comm::WorkHandle& work : fragment.works) errors.wait(work);
   fragment.works.clear();
   errors.rethrow();
+  if (within == nullptr || !reduced) return;
+  // Each rank of the group reduced its slice across: the group shares them.
+  const comm::OperationLabel label("DiLoCo: the reduced slices shared inside the group");
+  for (Wire& wire : fragment.wires) {
+    const Tensor mine = my_slice(wire).clone();
+    within->allgather(mine, wire.buffer);
+  }
 }
 
 // A fragment's outer step: g = SGD(g, averaged pseudo-gradient) over its members (the outer
@@ -238,7 +263,10 @@ void DiLoCo::Impl::synchronize_all() {
 }
 
 DiLoCo::DiLoCo(ParameterRegistry& registry, comm::Communicator& comm, DiLoCoOptions options)
-    : impl_(std::make_unique<Impl>(registry, comm, options)) {}
+    : impl_(std::make_unique<Impl>(registry, comm, nullptr, options)) {}
+
+DiLoCo::DiLoCo(ParameterRegistry& registry, comm::Communicator& comm, comm::Communicator& within, DiLoCoOptions options)
+    : impl_(std::make_unique<Impl>(registry, comm, &within, options)) {}
 
 DiLoCo::~DiLoCo() {
   // Reductions still in flight write into this object's wires: wait for them (their errors are

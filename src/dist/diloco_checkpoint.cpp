@@ -36,7 +36,7 @@ std::vector<io::NamedTensor> DiLoCo::state_tensors() const {
   // (the same step on every rank; the outer step still waits for its own inner step).
   for (Impl::Fragment& fragment : impl_->fragments) {
     if (!fragment.pending) continue;
-    Impl::land(fragment);
+    impl_->land(fragment);
     for (const Impl::Wire& wire : fragment.wires) {
       for (const auto& [k, offset] : wire.members) {
         const Parameter& parameter = *impl_->trainable[k];
@@ -112,7 +112,7 @@ void DiLoCo::load_state(const io::SafetensorsReader& file) {
   impl_->outer_sgd->load_state(file);
   for (std::size_t k = 0; k < impl_->mirror.size(); ++k) impl_->mirror[k]->value().copy_from(outer_values[k]);
   for (Impl::Fragment& fragment : impl_->fragments) {
-    Impl::land(fragment);  // a reduction of this run in flight: done with before it is replaced
+    impl_->land(fragment);  // a reduction of this run in flight: done with before it is replaced
     fragment.wires.clear();
     fragment.pending = pending[fragment.members.front()].defined();
     if (!fragment.pending) continue;

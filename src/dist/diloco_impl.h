@@ -36,6 +36,7 @@ struct DiLoCo::Impl {
 
   ParameterRegistry& registry;
   comm::Communicator& comm;
+  comm::Communicator* within = nullptr;  // a group of ranks holding the same model, or null
   DiLoCoOptions options;
   std::vector<Parameter*> trainable;  // the model's, in registration order
   ParameterRegistry outer;            // g: the mirror of `trainable`
@@ -47,14 +48,16 @@ struct DiLoCo::Impl {
   std::int64_t bytes_sent = 0;
   JoinCensus census;  // dist::Join (docs/slow_links.md): taken before each launch inside one
 
-  Impl(ParameterRegistry& registry, comm::Communicator& comm, const DiLoCoOptions& options);
+  Impl(ParameterRegistry& registry, comm::Communicator& comm, comm::Communicator* within, const DiLoCoOptions& options);
 
   void take_outer_model();
   void allocate_wires(Fragment& fragment);
+  // The part of a wire buffer this rank reduces across: all of it, or its 1/S under `within`.
+  Tensor my_slice(const Wire& wire) const;
   static void to_wire(const Tensor& source, Wire& wire, std::size_t offset);
   static void from_wire(const Wire& wire, std::size_t offset, Tensor& destination);
   void launch(Fragment& fragment, double factor);  // factor: the census's (join_census.h)
-  static void land(Fragment& fragment);
+  void land(Fragment& fragment);
   void apply(Fragment& fragment);
   bool due(std::int64_t s, std::int64_t offset) const { return s >= offset && (s - offset) % options.sync_every == 0; }
   // The next inner step: the launches and outer steps due at it. A joined rank takes no inner

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "gradsync/comm/gloo.h"
 #include "gradsync/dist/diloco.h"
 #include "gradsync/dist/join.h"
+#include "gradsync/dist/shard_groups.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
@@ -272,6 +274,53 @@ TEST(DiLoCo, EarlyTerminationAndTheWarmUp) {
     dist::Join join({&diloco});
     EXPECT_GRADSYNC_ERROR(join.join(), "joined (dist::Join) in the warm-up");
   });
+}
+
+// Over groups whose ranks hold the same model (here 2 groups of 2 ranks, both ranks of a group
+// training on the group's batches): with `within`, each rank reduces half of every
+// pseudo-gradient across the groups and the group shares the halves. The same model bit for bit
+// as every rank reducing all of it, and half the bytes sent across.
+TEST(DiLoCo, OverGroupsEachRankSendsItsSlice) {
+  for (const std::string name : {"adamw", "stream2.bf16"}) {
+    const nlohmann::json settings = nlohmann::json::parse(fixture().metadata().at("settings")).at(name);
+    std::vector<std::vector<double>> finals[2];
+    std::int64_t sent[2] = {0, 0};
+    for (const bool sliced : {false, true}) {
+      auto& out = finals[sliced ? 1 : 0];
+      out.resize(4);
+      comm::run_gloo_thread_group(4, [&](Communicator& world) {
+        dist::ShardGroups groups(world, 2);
+        ParameterRegistry registry;
+        auto layers = testing::fixture_mlp(registry, fixture());
+        optim::Hyperparameters hyperparameters;
+        for (const auto& [key, value] : settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
+        auto inner = testing::make_test_optimizer(settings.at("inner").get<std::string>(), registry, hyperparameters);
+        const dist::DiLoCoOptions options{
+            .sync_every = settings.at("sync_every").get<std::int64_t>(), .outer_lr = settings.at("outer_lr").get<double>(),
+            .outer_momentum = settings.at("outer_momentum").get<double>(), .nesterov = settings.at("nesterov").get<bool>(),
+            .fragments = settings.at("fragments").get<std::int64_t>(), .delay = settings.at("delay").get<std::int64_t>(),
+            .compression = dist::parse_compression(settings.at("compression").get<std::string>())};
+        std::unique_ptr<dist::DiLoCo> diloco =
+            sliced ? std::make_unique<dist::DiLoCo>(registry, groups.replicas(), groups.shard(), options)
+                   : std::make_unique<dist::DiLoCo>(registry, groups.replicas(), options);
+        for (int step = 0; step < 24; ++step) {
+          const std::string batch = "data.step" + std::to_string(step) + ".rank" + std::to_string(groups.group());
+          nn::LossResult loss = nn::softmax_cross_entropy(layers->forward(fixture().read(batch + ".x")), fixture().read(batch + ".y"));
+          layers->backward(loss.grad);
+          inner->step();
+          inner->zero_grad();
+          diloco->step();
+        }
+        if (world.rank() == 0) sent[sliced ? 1 : 0] = diloco->bytes_sent();
+        for (Parameter& p : registry) {
+          const std::vector<double> v = p.value().to_double_vector();
+          out[static_cast<std::size_t>(world.rank())].insert(out[static_cast<std::size_t>(world.rank())].end(), v.begin(), v.end());
+        }
+      });
+    }
+    for (std::size_t r = 0; r < 4; ++r) EXPECT_EQ(finals[1][r], finals[0][r]) << name << ", rank " << r;
+    EXPECT_EQ(sent[1] * 2, sent[0]) << name << ": half of the bytes across (2 ranks per group)";
+  }
 }
 
 // Streaming DiLoCo checkpointed with a fragment's reduction in flight (stream3.overlap, 3 ranks:

@@ -65,6 +65,12 @@ class DiLoCo : public Joinable {
   // every rank naming the first difference); then rank 0's values everywhere (the first
   // synchronization, at step 0) and the outer model g taken from them.
   DiLoCo(ParameterRegistry& registry, comm::Communicator& comm, DiLoCoOptions options = {});
+  // Over groups whose ranks hold the same model (an inner DataParallel synchronizes each group
+  // every step): `comm` joins the same place in every group (ShardGroups::replicas), `within` is
+  // this rank's group (ShardGroups::shard). The group's S ranks would send S copies of the same
+  // pseudo-gradient across; instead each reduces 1/S of it across the groups and the group
+  // shares the results (an allgather inside it when the reduction lands). Collective over both.
+  DiLoCo(ParameterRegistry& registry, comm::Communicator& comm, comm::Communicator& within, DiLoCoOptions options = {});
   ~DiLoCo() override;
   DiLoCo(const DiLoCo&) = delete;
   DiLoCo& operator=(const DiLoCo&) = delete;
