@@ -48,6 +48,25 @@ struct DiLoCoRun {
   std::function<void(dist::DiLoCo&, optim::Optimizer&, ParameterRegistry&, Communicator&)> after{};
 };
 
+// The fixture case's DiLoCo options, and its inner optimizer over `registry`.
+dist::DiLoCoOptions options_of(const nlohmann::json& settings) {
+  return {.sync_every = settings.at("sync_every").get<std::int64_t>(),
+          .outer_lr = settings.at("outer_lr").get<double>(),
+          .outer_momentum = settings.at("outer_momentum").get<double>(),
+          .nesterov = settings.at("nesterov").get<bool>(),
+          .warmup_steps = settings.at("warmup_steps").get<std::int64_t>(),
+          .fragments = settings.at("fragments").get<std::int64_t>(),
+          .delay = settings.at("delay").get<std::int64_t>(),
+          .mixing = settings.at("mixing").get<double>(),
+          .compression = dist::parse_compression(settings.at("compression").get<std::string>())};
+}
+
+std::unique_ptr<optim::Optimizer> inner_of(const nlohmann::json& settings, ParameterRegistry& registry) {
+  optim::Hyperparameters hyperparameters;
+  for (const auto& [key, value] : settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
+  return testing::make_test_optimizer(settings.at("inner").get<std::string>(), registry, hyperparameters);
+}
+
 // Every rank's losses, and every rank's final values (all parameters in order).
 std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> train(const DiLoCoRun& run) {
   const nlohmann::json case_settings = nlohmann::json::parse(fixture().metadata().at("settings")).at(run.name);
@@ -55,20 +74,10 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::vector<double>>> tr
   comm::run_gloo_thread_group(run.world, [&](Communicator& comm) {
     ParameterRegistry registry;
     auto layers = testing::fixture_mlp(registry, fixture());
-    optim::Hyperparameters hyperparameters;
-    for (const auto& [key, value] : case_settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
-    auto inner = testing::make_test_optimizer(case_settings.at("inner").get<std::string>(), registry, hyperparameters);
-    const dist::DiLoCoOptions options{
-        .sync_every = run.sync_every > 0 ? run.sync_every : case_settings.at("sync_every").get<std::int64_t>(),
-        .outer_lr = case_settings.at("outer_lr").get<double>(),
-        .outer_momentum = case_settings.at("outer_momentum").get<double>(),
-        .nesterov = case_settings.at("nesterov").get<bool>(),
-        .warmup_steps = case_settings.at("warmup_steps").get<std::int64_t>(),
-        .fragments = case_settings.at("fragments").get<std::int64_t>(),
-        .delay = case_settings.at("delay").get<std::int64_t>(),
-        .mixing = case_settings.at("mixing").get<double>(),
-        .compression = dist::parse_compression(run.compression.empty() ? case_settings.at("compression").get<std::string>()
-                                                                       : run.compression)};
+    auto inner = inner_of(case_settings, registry);
+    dist::DiLoCoOptions options = options_of(case_settings);
+    if (run.sync_every > 0) options.sync_every = run.sync_every;
+    if (!run.compression.empty()) options.compression = dist::parse_compression(run.compression);
     // The warm-up's synchronous steps average the gradients through DataParallel, as an engine
     // would; after it, no_sync.
     nn::DistributedDataParallel model(layers, comm);
@@ -187,17 +196,8 @@ Uneven uneven(const std::string& name, const std::vector<int>& steps, std::optio
     const auto r = static_cast<std::size_t>(comm.rank());
     ParameterRegistry registry;
     auto layers = testing::fixture_mlp(registry, fixture());
-    optim::Hyperparameters hyperparameters;
-    for (const auto& [key, value] : settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
-    auto inner = testing::make_test_optimizer(settings.at("inner").get<std::string>(), registry, hyperparameters);
-    dist::DiLoCo diloco(registry, comm,
-                        {.sync_every = settings.at("sync_every").get<std::int64_t>(),
-                         .outer_lr = settings.at("outer_lr").get<double>(),
-                         .outer_momentum = settings.at("outer_momentum").get<double>(),
-                         .nesterov = settings.at("nesterov").get<bool>(),
-                         .fragments = settings.at("fragments").get<std::int64_t>(),
-                         .delay = settings.at("delay").get<std::int64_t>(),
-                         .compression = dist::parse_compression(settings.at("compression").get<std::string>())});
+    auto inner = inner_of(settings, registry);
+    dist::DiLoCo diloco(registry, comm, options_of(settings));
     int step = 0;
     try {
       std::optional<dist::Join> joined;
@@ -292,14 +292,8 @@ TEST(DiLoCo, OverGroupsEachRankSendsItsSlice) {
         dist::ShardGroups groups(world, 2);
         ParameterRegistry registry;
         auto layers = testing::fixture_mlp(registry, fixture());
-        optim::Hyperparameters hyperparameters;
-        for (const auto& [key, value] : settings.at("inner_settings").items()) hyperparameters[key] = value.get<double>();
-        auto inner = testing::make_test_optimizer(settings.at("inner").get<std::string>(), registry, hyperparameters);
-        const dist::DiLoCoOptions options{
-            .sync_every = settings.at("sync_every").get<std::int64_t>(), .outer_lr = settings.at("outer_lr").get<double>(),
-            .outer_momentum = settings.at("outer_momentum").get<double>(), .nesterov = settings.at("nesterov").get<bool>(),
-            .fragments = settings.at("fragments").get<std::int64_t>(), .delay = settings.at("delay").get<std::int64_t>(),
-            .compression = dist::parse_compression(settings.at("compression").get<std::string>())};
+        auto inner = inner_of(settings, registry);
+        const dist::DiLoCoOptions options = options_of(settings);
         std::unique_ptr<dist::DiLoCo> diloco =
             sliced ? std::make_unique<dist::DiLoCo>(registry, groups.replicas(), groups.shard(), options)
                    : std::make_unique<dist::DiLoCo>(registry, groups.replicas(), options);
