@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "common/replica_groups.h"
 #include "common/slow_links.h"
 #include "common/trainer_support.h"
 #include "gradsync/comm/connect.h"
@@ -99,6 +100,7 @@ int main(int argc, char** argv) try {
                 "  --zero 0|1|2|3 (ZeRO: 1 shards the optimizer state over the ranks, 2 the gradients too, 3 the parameters too)\n"
                 "  --powersgd-rank R (PowerSGD compression of rank R; 0: off)   --powersgd-start N (plain steps first: 10)\n%s\n%s\n%s\n",
                 examples::kCommonHelp, examples::kSlowLinkHelp, examples::kRestartHelp);
+    std::printf("%s\n", examples::kReplicaGroupHelp);
     return 0;
   }
   const examples::TrainerOptions options = examples::parse_trainer_options(flags, "--microbatches");
@@ -110,7 +112,14 @@ int main(int argc, char** argv) try {
   const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
+  const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
+  GRADSYNC_CHECK(!replica_options.enabled() ||
+                     (zero_stage <= 1 && powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
+                      options.precision != "fp16" && options.clip_norm == 0 && options.restarts.checkpoint_every == 0 &&
+                      options.resume.empty() && options.save.empty()),
+                 "--replica-groups runs with --zero 0 or 1, without --powersgd-rank, --local-sgd / --diloco, --uneven, ",
+                 "--precision fp16, --clip-norm and checkpoints: a replacement recovers from a live group instead");
   GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && powersgd_rank == 0 && !options.uneven &&
                                              !options.check_replicas && options.restarts.checkpoint_every == 0 &&
                                              options.resume.empty()),
@@ -217,6 +226,10 @@ int main(int argc, char** argv) try {
     }
   }
 
+  // Across replica groups: the quorum, the commit, the recovery of a newcomer.
+  std::optional<examples::ReplicaGroupRun> replicas;
+  if (replica_options.enabled()) replicas.emplace(replica_options, *training, options, zero.get());
+
   // 3, 4, 6. One step: the microbatches, each in the strategy's context, then the optimizer.
   const auto step = [&](const std::vector<std::int64_t>& order, std::int64_t first_row) {
     double step_loss = 0;
@@ -240,7 +253,13 @@ int main(int argc, char** argv) try {
         [&](double max_norm) {
           return zero ? zero->clip_grad_norm(max_norm) : optim::clip_grad_norm(*training->optimizer, max_norm);
         },
-        [&] { zero ? zero->step() : training->optimizer->step(); });
+        [&] {
+          // Fault tolerance: the gradients averaged across the replica groups, and the step only
+          // when the coordinator commits it (every group alike).
+          if (replicas && !replicas->commit()) return;
+          if (replicas) replicas->maybe_die("gather");
+          zero ? zero->step() : training->optimizer->step();
+        });
     training->optimizer->zero_grad();
     if (slow) slow->step();
     return step_loss;
@@ -261,7 +280,8 @@ int main(int argc, char** argv) try {
         join.reset();
         return last;
       }};
-  const int status = examples::run_training(*training, options, "digits_ddp", step, uneven);
+  const int status = replicas ? replicas->run("digits_ddp", step)
+                              : examples::run_training(*training, options, "digits_ddp", step, uneven);
   if (powersgd && training->comm->rank() == 0 && !options.quiet) {
     std::printf("PowerSGD rank %d from step %lld: in its steps %lld gradient elements went to collectives for %lld (%.1fx fewer)\n",
                 powersgd_rank, static_cast<long long>(powersgd_start),

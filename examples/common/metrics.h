@@ -20,7 +20,8 @@ void line_buffered_progress();
 // the path is empty; only rank 0 writes.
 class Metrics {
  public:
-  Metrics(const std::string& path, bool writer);
+  // `append`: add to what the file holds (a replica group restarted by its launcher).
+  Metrics(const std::string& path, bool writer, bool append = false);
   ~Metrics();
   // grad_norm: the total gradient norm before clipping, written when it is a number.
   void step(std::int64_t step, int epoch, double loss, double grad_norm,
@@ -29,6 +30,10 @@ class Metrics {
   // {"step": .., "name": value, ...}: a record of its own (a validation loss, say).
   void record(std::int64_t step, const std::vector<std::pair<const char*, double>>& fields);
   void stragglers(std::int64_t step, const comm::StragglerReport& report);
+  // {"step": .., "event": kind, "detail": text, "name": value, ...}: something that happened
+  // (a fault-tolerant run's quorums, discarded steps, recoveries).
+  void event(std::int64_t step, const std::string& kind, const std::string& detail,
+             const std::vector<std::pair<const char*, double>>& fields);
 
  private:
   std::FILE* file_ = nullptr;

@@ -6,6 +6,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
@@ -233,6 +234,16 @@ std::unique_ptr<Communicator> gloo_torch_store(const std::string& host, int port
   auto store = std::make_shared<TorchStore>(host, port, timeout, prefix);
   return meet(rendezvous_through(store, "the PyTorch TCPStore at " + host + ":" + std::to_string(port), options), rank,
               size, options, /*barrier_after=*/false);
+}
+
+std::unique_ptr<Communicator> gloo_prefixed_communicator(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                         const std::string& prefix, std::string where, int rank, int size,
+                                                         const CommOptions& options) {
+  GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_prefixed_communicator: rank ", rank, " is outside a world of ", size);
+  auto prefixed = std::make_shared<gloo::rendezvous::PrefixStore>(prefix, *store);
+  Rendezvous rendezvous = rendezvous_through(prefixed, std::move(where), options);
+  rendezvous.keepalive = store;  // the prefixed view holds a reference to it
+  return meet(std::move(rendezvous), rank, size, options);
 }
 
 }  // namespace gradsync::comm

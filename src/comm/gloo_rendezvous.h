@@ -37,4 +37,11 @@ std::shared_ptr<gloo::Context> connect_full_mesh(gloo::rendezvous::Store& store,
 std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<gloo::Context> context, Rendezvous rendezvous,
                                            std::string prefix);
 
+// A Gloo communicator of `size` ranks meeting under `prefix` in `store` (which it keeps): the
+// fault-tolerant groups' cross-group communicators, made anew for every quorum through the
+// coordinator's store. `where` names the store in messages.
+std::unique_ptr<Communicator> gloo_prefixed_communicator(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                         const std::string& prefix, std::string where, int rank, int size,
+                                                         const CommOptions& options);
+
 }  // namespace gradsync::comm

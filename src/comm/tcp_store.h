@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,10 @@ struct TcpStoreServerOptions {
   std::chrono::milliseconds handshake_timeout{2000};
   std::chrono::milliseconds stall_timeout{5000};   // a request begun and not finished
   std::chrono::milliseconds idle_timeout{300000};  // an authenticated connection silent this long
+  // Called on the server's thread after every stored set, with its key and value: the
+  // coordinator (coordinator.h) hears requests as they arrive instead of polling for them. It
+  // must not block; it must not throw (what it throws is logged and dropped).
+  std::function<void(const std::string& key, const std::string& value)> on_set{};
 };
 
 // What the server has done, for tests and messages.
@@ -68,6 +73,10 @@ struct TcpStoreServerCounters {
 std::shared_ptr<TcpStoreServer> start_tcp_store_server(const TcpStoreServerOptions& options);
 int tcp_store_server_port(const TcpStoreServer& server);
 TcpStoreServerCounters tcp_store_server_counters(const TcpStoreServer& server);
+// Stores key = value from another thread of the serving process (the coordinator's answers):
+// queued, and applied by the server's thread before it next answers a request. Bounded like a
+// client's set (a value over the caps is refused).
+void tcp_store_server_set(TcpStoreServer& server, const std::string& key, const std::string& value);
 
 class TcpStore final : public gloo::rendezvous::Store {
  public:
@@ -82,6 +91,10 @@ class TcpStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // One get, without waiting: whether `key` is there (its value in `value`). StoreGone when the
+  // server is.
+  bool try_get(const std::string& key, std::vector<char>& value);
+
   // Keeps the server (rank 0) alive after the store object is gone.
   std::shared_ptr<void> server() const;
 
@@ -92,7 +105,6 @@ class TcpStore final : public gloo::rendezvous::Store {
   // One request and its response; reconnects once when the connection was closed (the server
   // drops idle connections), so a request fails only when the server is gone.
   bool exchange(const std::string& request, char& status, std::vector<char>* value);
-  bool try_get(const std::string& key, std::vector<char>& value);
 
   std::shared_ptr<TcpStoreServer> server_;
   std::mutex mutex_;  // one request at a time on the socket (duplicates may meet from several threads)

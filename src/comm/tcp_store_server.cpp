@@ -15,7 +15,10 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gradsync/core/error.h"
 #include "socket_address.h"
@@ -58,6 +61,17 @@ class TcpStoreServer {
   }
 
   int port() const { return port_; }
+  // tcp_store_server_set: queued for the loop, which owns data_.
+  void post(const std::string& key, const std::string& value) {
+    GRADSYNC_CHECK(key.size() <= store::kMaxKeyBytes && value.size() <= store::kMaxValueBytes, "tcp store: a posted value for '",
+                   key, "' of ", value.size(), " bytes is over the store's caps");
+    {
+      std::lock_guard<std::mutex> lock(posted_mutex_);
+      posted_.emplace_back(key, value);
+    }
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t woken = ::write(wake_[1], &byte, 1);
+  }
   TcpStoreServerCounters counters() const {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     return counters_;
@@ -174,6 +188,12 @@ class TcpStoreServer {
       const int ready = ::poll(fds.data(), fds.size(), 200);
       if (ready < 0 && errno != EINTR) break;
       if (stopping_) break;
+      if (ready > 0 && (fds[0].revents & POLLIN)) {
+        char drained[64];
+        while (::read(wake_[0], drained, sizeof drained) > 0) {
+        }
+      }
+      apply_posted();
       const auto now = Clock::now();
       if (ready > 0 && (fds[1].revents & POLLIN)) accept_all(now);
       for (std::size_t k = 0; k < order.size(); ++k) {
@@ -287,7 +307,35 @@ class TcpStoreServer {
     data_[request.key] = request.value;
     stored_bytes_ = stored_bytes_ - freed + added;
     count([this](TcpStoreServerCounters& c) { c.stored_bytes = static_cast<std::int64_t>(stored_bytes_); });
+    if (options_.on_set) {
+      try {
+        options_.on_set(request.key, request.value);
+      } catch (const std::exception& error) {
+        log(std::string("the set hook failed: ") + error.what());
+      }
+    }
     return true;
+  }
+
+  // What other threads posted (post()), stored as a set would store it; posts over the
+  // store's bound are dropped with a logged line, as a client's set would be refused.
+  void apply_posted() {
+    std::vector<std::pair<std::string, std::string>> posted;
+    {
+      std::lock_guard<std::mutex> lock(posted_mutex_);
+      posted.swap(posted_);
+    }
+    for (auto& [key, value] : posted) {
+      const auto existing = data_.find(key);
+      const std::size_t freed = existing == data_.end() ? 0 : entry_bytes(existing->first, existing->second);
+      const std::size_t added = entry_bytes(key, value);
+      if (stored_bytes_ - freed + added > options_.max_stored_bytes) {
+        log("dropped a posted value for '" + key + "': the store is full (GRADSYNC_STORE_MAX_MB)");
+        continue;
+      }
+      data_[key] = std::move(value);
+      stored_bytes_ = stored_bytes_ - freed + added;
+    }
   }
 
   static std::size_t entry_bytes(const std::string& key, const std::string& value) {
@@ -358,6 +406,8 @@ class TcpStoreServer {
   std::thread loop_;
   std::list<Connection> connections_;  // the loop's only
   std::map<std::string, std::string> data_;
+  std::mutex posted_mutex_;
+  std::vector<std::pair<std::string, std::string>> posted_;  // post()ed, for the loop to store
   std::size_t stored_bytes_ = 0;  // data_'s entries as entry_bytes counts them
   Clock::time_point log_window_{};
   int logged_ = 0;
@@ -371,5 +421,8 @@ std::shared_ptr<TcpStoreServer> start_tcp_store_server(const TcpStoreServerOptio
 }
 int tcp_store_server_port(const TcpStoreServer& server) { return server.port(); }
 TcpStoreServerCounters tcp_store_server_counters(const TcpStoreServer& server) { return server.counters(); }
+void tcp_store_server_set(TcpStoreServer& server, const std::string& key, const std::string& value) {
+  server.post(key, value);
+}
 
 }  // namespace gradsync::comm

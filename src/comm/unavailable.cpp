@@ -1,4 +1,5 @@
 // Factories of the backends this build does not have: each says so clearly.
+#include "gradsync/comm/coordinator.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/mpi.h"
 #include "gradsync/comm/nccl.h"
@@ -8,6 +9,29 @@
 namespace gradsync::comm {
 
 #if !GRADSYNC_WITH_GLOO
+// The coordinator serves gradsync's TCP store, which is built with Gloo.
+std::string coordinator_token(int port) { return std::to_string(port); }
+std::string Quorum::describe() const { return error; }
+std::string Quorum::to_line() const { return {}; }
+Quorum Quorum::from_line(const std::string&, int) { return {}; }
+Coordinator::Coordinator(const CoordinatorOptions&) {
+  detail::throw_error("gradsync was built without Gloo, whose TCP store the coordinator serves");
+}
+Coordinator::~Coordinator() = default;
+int Coordinator::port() const { return 0; }
+CoordinatorCounters Coordinator::counters() const { return {}; }
+QuorumClient::QuorumClient(const QuorumClientOptions&, bool) {
+  detail::throw_error("gradsync was built without Gloo: fault tolerance across groups needs it");
+}
+QuorumClient::~QuorumClient() = default;
+Quorum QuorumClient::join(std::int64_t) { return {}; }
+Quorum QuorumClient::vote(const Quorum&, std::int64_t, bool) { return {}; }
+void QuorumClient::leave(const std::string&) noexcept {}
+std::unique_ptr<Communicator> QuorumClient::connect(std::int64_t, const std::string&, int, int, int) { return nullptr; }
+const std::string& QuorumClient::where() const {
+  static const std::string nowhere = "no coordinator";
+  return nowhere;
+}
 bool gloo_available() { return false; }
 void run_gloo_thread_group(int, const std::function<void(Communicator&)>&, const CommOptions&) {
   detail::throw_error("gradsync was built without Gloo (install libgloo-dev and reconfigure)");

@@ -121,15 +121,12 @@ void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm,
   }
 }
 
-void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
-  // The state travels as the contents of the optimizer's own checkpoint (state_tensors and
-  // state_metadata), so load_state validates it exactly as it validates a file: one message
-  // describes it (metadata, names, dtypes, shapes), one carries every tensor's bytes.
-  std::vector<io::NamedTensor> tensors;
+void broadcast_state(comm::Communicator& comm, std::vector<io::NamedTensor>& tensors, io::Metadata& metadata, int root) {
+  // One message describes the state (metadata, names, dtypes, shapes), one carries every
+  // tensor's bytes.
   nlohmann::json description;
   if (comm.rank() == root) {
-    tensors = optimizer.state_tensors();
-    description["metadata"] = optimizer.state_metadata();
+    description["metadata"] = metadata;
     description["tensors"] = nlohmann::json::array();
     for (const io::NamedTensor& tensor : tensors) {
       description["tensors"].push_back({tensor.name, dtype_safetensors_name(tensor.tensor.dtype()), tensor.tensor.shape()});
@@ -139,10 +136,12 @@ void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& 
   const auto aligned = [](std::size_t bytes) { return (bytes + 7) / 8 * 8; };
   std::size_t total = 0;
   if (comm.rank() != root) {
+    tensors.clear();
     for (const auto& entry : description["tensors"]) {
       const Shape shape = entry[2].get<Shape>();
       tensors.push_back({entry[0].get<std::string>(), Tensor::empty(shape, dtype_from_safetensors_name(entry[1].get<std::string>()))});
     }
+    metadata = description["metadata"].get<io::Metadata>();
   }
   for (const io::NamedTensor& tensor : tensors) total += aligned(tensor.tensor.nbytes());
   Tensor packed = Tensor::zeros({static_cast<std::int64_t>(total / 8)}, DType::f64);  // 8-byte words
@@ -162,7 +161,20 @@ void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& 
     std::memcpy(tensor.tensor.data(), bytes + at, tensor.tensor.nbytes());
     at += aligned(tensor.tensor.nbytes());
   }
-  optimizer.load_state(tensors, description["metadata"].get<io::Metadata>(),
+}
+
+void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root) {
+  // The state travels as the contents of the optimizer's own checkpoint (state_tensors and
+  // state_metadata), so load_state validates it exactly as it validates a file.
+  std::vector<io::NamedTensor> tensors;
+  io::Metadata metadata;
+  if (comm.rank() == root) {
+    tensors = optimizer.state_tensors();
+    metadata = optimizer.state_metadata();
+  }
+  broadcast_state(comm, tensors, metadata, root);
+  if (comm.rank() == root) return;
+  optimizer.load_state(tensors, metadata,
                        "rank " + std::to_string(root) + "'s optimizer state (broadcast_optimizer_state)");
 }
 

@@ -43,6 +43,10 @@ void require_same_optimizer(const optim::Optimizer& optimizer, comm::Communicato
 void broadcast_parameters(ParameterRegistry& registry, comm::Communicator& comm, int root = 0);
 void broadcast_optimizer_state(optim::Optimizer& optimizer, comm::Communicator& comm, int root = 0);  // (above)
 
+// Root's checkpoint tensors and metadata (an optimizer's state_tensors / state_metadata, or a
+// ZeroOptimizer's consolidated state) on every rank: what broadcast_optimizer_state carries.
+// Collective.
+void broadcast_state(comm::Communicator& comm, std::vector<io::NamedTensor>& tensors, io::Metadata& metadata, int root);
 // Root's byte string on every rank. Collective.
 std::string broadcast_bytes(comm::Communicator& comm, const std::string& bytes, int root);
 

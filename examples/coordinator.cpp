@@ -1,0 +1,63 @@
+// coordinator: decides the quorum of fault-tolerant replica groups, every step (comm/coordinator.h,
+// docs/fault_tolerance.md). A launcher starts it once for the job, beside the groups' own
+// launchers; it holds nothing a restart needs, so a supervisor may start it again on the same
+// port and the groups carry on (they wait for it up to their answer timeout).
+//
+//   build/examples/coordinator --port 29600 --replica-groups 3 --min-replicas 2
+//   build/examples/digits_ddp --replica-groups 3 --replica-group 0 --coordinator 127.0.0.1:29600 ...
+//
+// It serves until SIGINT or SIGTERM, then prints what it decided.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "common/flags.h"
+#include "common/metrics.h"
+#include "gradsync/comm/connect.h"
+#include "gradsync/comm/coordinator.h"
+
+using namespace gradsync;
+
+namespace {
+std::atomic<bool> stop{false};
+void on_signal(int) { stop = true; }
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::line_buffered_progress();
+  examples::Flags flags(argc, argv);
+  if (flags.flag("--help")) {
+    std::printf("coordinator flags:\n  --port P (29600)   --bind ADDRESS (127.0.0.1; \"\" for every interface)\n"
+                "  --replica-groups R   --min-replicas M (1)\n"
+                "  --heartbeat-timeout-ms MS (2000: a member silent this long is taken for dead)\n"
+                "  --join-timeout-ms MS (10000: how long a forming quorum waits for more groups, and one short of\n"
+                "                       --min-replicas waits before it fails)   --quiet\n"
+                "  The groups present GRADSYNC_STORE_TOKEN when it is set (set it beyond one machine).\n");
+    return 0;
+  }
+  comm::CoordinatorOptions options;
+  options.port = static_cast<int>(flags.integer("--port", 29600));
+  options.bind_host = flags.text("--bind", "127.0.0.1");
+  options.replica_groups = static_cast<int>(flags.integer("--replica-groups", 1));
+  options.min_replicas = static_cast<int>(flags.integer("--min-replicas", 1));
+  options.heartbeat_timeout = std::chrono::milliseconds(flags.integer("--heartbeat-timeout-ms", 2000));
+  options.join_timeout = std::chrono::milliseconds(flags.integer("--join-timeout-ms", 10000));
+  options.quiet = flags.flag("--quiet");
+  flags.finish();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  comm::Coordinator coordinator(options);
+  std::printf("coordinator: serving %d replica group(s) (at least %d) on port %d\n", options.replica_groups,
+              options.min_replicas, coordinator.port());
+  while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const comm::CoordinatorCounters counters = coordinator.counters();
+  std::printf("coordinator: %lld decisions, %lld steps committed, %lld discarded, %lld quorum changes, %lld recoveries\n",
+              static_cast<long long>(counters.decisions), static_cast<long long>(counters.commits),
+              static_cast<long long>(counters.discards), static_cast<long long>(counters.quorum_changes),
+              static_cast<long long>(counters.recoveries));
+  return 0;
+} catch (const std::exception& error) {
+  return comm::report_fatal_error("coordinator", error);
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Fault tolerance across replica groups end to end (docs/fault_tolerance.md): a coordinator and
+# 3 replica groups of 2 Gloo ranks of digits_ddp, each group under its own agent that starts it
+# again when one of its ranks dies (what torchrun's agent does; tests/examples/torchrun.sh and
+# benchmarks/fault_tolerance.sh run the real one).
+#   fault_tolerance.sh CASE BUILD_DIR SOURCE_DIR
+# CASE:
+#   phases               a rank stops inside each phase in turn while the others are in it: the
+#                        cross-group reduction, the vote (a group's leader), the recovery transfer
+#                        (the sender; its newcomer recovers from another group), ZeRO 1's
+#                        parameter gather inside a group. Each time the job goes on without
+#                        stopping, the group comes back and recovers, every group ends on the
+#                        same step with the same model, and no sample is lost or trained twice.
+#   coordinator_restart  the coordinator is killed mid-run and started again 1 s later on its
+#                        port: the groups wait for it and go on.
+#   min_replicas         --min-replicas 3 and a group that dies for good: the others end within
+#                        the join timeout with the error naming the missing group.
+set -uo pipefail
+case_name=$1
+build=$2
+source=$3
+examples=${GRADSYNC_EXAMPLES:-$build/examples}
+# FT_SCRATCH=DIR keeps the logs there (else a temporary folder, removed at the end).
+scratch=${FT_SCRATCH:-$(mktemp -d)}
+mkdir -p "$scratch"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  [[ -n ${FT_SCRATCH:-} ]] || rm -rf "$scratch"
+}
+trap cleanup EXIT
+export GRADSYNC_TIMEOUT_MS=20000
+# The coordinator and every group present the same token (launch.sh keeps it for the groups).
+GRADSYNC_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export GRADSYNC_STORE_TOKEN
+failed=0
+fail() {
+  echo "FAIL: $*"
+  failed=1
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+
+# start_coordinator PORT MIN_REPLICAS JOIN_TIMEOUT_MS
+start_coordinator() {
+  "$examples/coordinator" --port "$1" --replica-groups 3 --min-replicas "$2" --heartbeat-timeout-ms 1000 \
+    --join-timeout-ms "$3" >> "$scratch/coordinator.log" 2>&1 &
+  coordinator=$!
+  pids+=("$coordinator")
+}
+
+# agent GROUP MAX_RESTARTS ARGS...: the group's 2 ranks, started again (attempt 1, 2, ...) when one
+# fails, up to MAX_RESTARTS times; a fresh rendezvous port each attempt, as torchrun's agent.
+agent() {
+  local group=$1 max=$2 attempt=0
+  shift 2
+  while :; do
+    if TORCHELASTIC_RESTART_COUNT=$attempt MASTER_PORT='' "$source/scripts/launch.sh" 2 "$examples/digits_ddp" \
+      --backend gloo --replica-groups 3 --replica-group "$group" --coordinator "127.0.0.1:$port" \
+      --record-samples "$scratch/records.jsonl" "$@" >> "$scratch/group$group.log" 2>&1; then
+      return 0
+    fi
+    ((attempt++ >= max)) && return 1
+    echo "== agent: group $group started again (attempt $attempt)" >> "$scratch/group$group.log"
+  done
+}
+
+common=(--epochs 8 --batch 16 --delay-rank 0:8 --lr 0.1 --seed 3)
+
+# run NAME FLAGS0 FLAGS1 FLAGS2: one job, each group with its own extra flags (quoted lists).
+run_job() {
+  local name=$1
+  rm -f "$scratch"/group*.log "$scratch/records.jsonl" "$scratch/coordinator.log"
+  port=$(free_port)
+  start_coordinator "$port" 1 3000
+  local start status=0
+  start=$(date +%s%N)
+  agent 0 3 "${common[@]}" $2 &
+  local a0=$!
+  agent 1 3 "${common[@]}" $3 &
+  local a1=$!
+  agent 2 3 "${common[@]}" $4 &
+  local a2=$!
+  wait $a0 || status=1
+  wait $a1 || status=1
+  wait $a2 || status=1
+  kill -TERM "$coordinator" 2>/dev/null
+  wait "$coordinator" 2>/dev/null
+  local ms=$((($(date +%s%N) - start) / 1000000))
+  echo "== $name: status $status, $ms ms"
+  sed 's/^/   coordinator: /' "$scratch/coordinator.log" | grep -v "waiting for groups" | head -20
+  for g in 0 1 2; do grep -E "discarded|recovered|sent|failed|started again|stopping|done at" "$scratch/group$g.log" |
+    sed "s/^/   group $g: /" | head -12; done
+  ((status == 0)) || { fail "$name: a group did not finish"; tail -20 "$scratch"/group*.log; return; }
+  python3 "$source/tests/examples/check_samples.py" "$scratch/records.jsonl" --at-least $((1437 * 8)) ||
+    fail "$name: samples"
+  # The last attempt of every group ends on the same step with the same held-out accuracy.
+  local finals
+  finals=$(for g in 0 1 2; do grep "done at step" "$scratch/group$g.log" | tail -1 |
+    sed 's/.*done at step \([0-9]*\), [0-9]* samples, held-out accuracy \([0-9.]*\)%.*/\1 \2/'; done | sort -u)
+  echo "   final (step, accuracy) of the groups: $(echo $finals)"
+  [[ $(wc -l <<<"$finals") -eq 1 ]] || fail "$name: the groups ended apart"
+  awk -v a="${finals#* }" 'BEGIN { exit !(a >= 90) }' || fail "$name: held-out accuracy ${finals#* } below 90%"
+}
+
+case $case_name in
+  phases | phase:*)
+    # phase:NAME runs one of them, and shows its groups' logs.
+    only=${case_name#phase:}
+    want() { [[ $case_name == phases || $only == "$1" ]]; }
+    if want reduce; then
+      run_job reduce "" "--ft-die reduce:1.1@40" ""
+      grep -q "discarded" "$scratch/group0.log" || fail "reduce: group 0 discarded no step"
+      grep -q "recovered" "$scratch/group1.log" || fail "reduce: group 1 did not recover"
+    fi
+    if want quorum; then
+      run_job quorum "" "" "--ft-die quorum:2.0@40"
+      grep -q "recovered" "$scratch/group2.log" || fail "quorum: group 2 did not recover"
+    fi
+    # Group 2 dies first; when it comes back, its source (group 0, the first up-to-date group)
+    # stops instead of sending: group 2 then recovers from group 1, and group 0 comes back too.
+    if want recovery; then
+      run_job recovery "--ft-die recovery:0.0@30" "" "--ft-die reduce:2.1@30"
+      grep -q "stopping at 'recovery'" "$scratch/group0.log" || fail "recovery: group 0 never was a source"
+      grep -q "recovered.*from group 1" "$scratch/group2.log" || fail "recovery: group 2 did not recover from group 1"
+    fi
+    if want gather; then
+      run_job gather "--zero 1" "--zero 1 --ft-die gather:1.1@40" "--zero 1"
+      grep -q "recovered" "$scratch/group1.log" || fail "gather: group 1 did not recover"
+    fi
+    [[ $case_name == phases ]] || for g in 0 1 2; do sed "s/^/   group $g: /" "$scratch/group$g.log"; done
+    ;;
+  coordinator_restart)
+    rm -f "$scratch"/group*.log "$scratch/records.jsonl"
+    port=$(free_port)
+    start_coordinator "$port" 1 3000
+    for g in 0 1 2; do agent "$g" 0 "${common[@]}" & pids+=($!); done
+    agents=("${pids[@]:1}")
+    sleep 2
+    kill -KILL "$coordinator"
+    echo "== the coordinator killed at 2 s"
+    sleep 1
+    start_coordinator "$port" 1 3000
+    status=0
+    for a in "${agents[@]}"; do wait "$a" || status=1; done
+    kill -TERM "$coordinator" 2>/dev/null
+    grep -v "waiting for groups" "$scratch/coordinator.log" | sed 's/^/   coordinator: /' | head
+    for g in 0 1 2; do grep -E "done at" "$scratch/group$g.log" | sed "s/^/   group $g: /"; done
+    ((status == 0)) || { fail "coordinator_restart: a group did not finish"; tail -20 "$scratch"/group*.log; }
+    python3 "$source/tests/examples/check_samples.py" "$scratch/records.jsonl" --at-least $((1437 * 8)) ||
+      fail "coordinator_restart: samples"
+    ;;
+  min_replicas)
+    rm -f "$scratch"/group*.log
+    port=$(free_port)
+    start_coordinator "$port" 3 3000
+    start=$(date +%s%N)
+    agent 0 0 "${common[@]}" & a0=$!
+    agent 1 0 "${common[@]}" & a1=$!
+    agent 2 0 "${common[@]}" --ft-die reduce:2.0@20 & a2=$!
+    wait $a0 && fail "min_replicas: group 0 ended well"
+    wait $a1 && fail "min_replicas: group 1 ended well"
+    wait $a2
+    ms=$((($(date +%s%N) - start) / 1000000))
+    kill -TERM "$coordinator" 2>/dev/null
+    echo "== min_replicas: the groups ended after $ms ms"
+    grep -h "needs at least" "$scratch"/group0.log "$scratch"/group1.log | head -2 | sed 's/^/   /'
+    for g in 0 1; do
+      grep -q "a quorum needs at least 3 of 3 replica groups.*groups 2 did not" "$scratch/group$g.log" ||
+        fail "min_replicas: group $g did not end with the quorum's error"
+    done
+    ((ms < 30000)) || fail "min_replicas: took $ms ms"
+    ;;
+  *)
+    echo "unknown case $case_name" >&2
+    exit 2
+    ;;
+esac
+exit $failed
