@@ -86,6 +86,6 @@ else
   # The reproducible folds on 4 and 5 ranks (150 s under TSan) repeat the 2- and 3-rank ones'
   # worlds with more thread pairs; 2 and 3 ranks run here.
   sweeps+=":WorldsAndAlgorithms/Reproducible.*/4_ranks*:WorldsAndAlgorithms/Reproducible.*/5_ranks*"
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero zero_model hsdp local_sgd diloco staging devices store reproducible split hierarchical powersgd \
+  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero zero_model hsdp local_sgd diloco fault_tolerance staging devices store reproducible split hierarchical powersgd \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:$sweeps"
 fi

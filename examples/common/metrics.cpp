@@ -29,7 +29,7 @@ void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
   if (file_ == nullptr) return;
   std::fprintf(file_, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.9g", static_cast<long long>(step), epoch, loss);
   if (std::isfinite(grad_norm)) std::fprintf(file_, ", \"grad_norm\": %.17g", grad_norm);
-  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.9g", name, value);
+  for (const auto& [name, value] : extra) std::fprintf(file_, ", \"%s\": %.15g", name, value);
   std::fprintf(file_, "}\n");
   std::fflush(file_);
 }
@@ -37,7 +37,7 @@ void Metrics::step(std::int64_t step, int epoch, double loss, double grad_norm,
 void Metrics::record(std::int64_t step, const std::vector<std::pair<const char*, double>>& fields) {
   if (file_ == nullptr) return;
   std::fprintf(file_, "{\"step\": %lld", static_cast<long long>(step));
-  for (const auto& [name, value] : fields) std::fprintf(file_, ", \"%s\": %.9g", name, value);
+  for (const auto& [name, value] : fields) std::fprintf(file_, ", \"%s\": %.15g", name, value);
   std::fprintf(file_, "}\n");
   std::fflush(file_);
 }
@@ -63,7 +63,7 @@ void Metrics::event(std::int64_t step, const std::string& kind, const std::strin
   }
   std::fprintf(file_, "{\"step\": %lld, \"event\": \"%s\", \"detail\": \"%s\"", static_cast<long long>(step), kind.c_str(),
                text.c_str());
-  for (const auto& [name, value] : fields) std::fprintf(file_, ", \"%s\": %.9g", name, value);
+  for (const auto& [name, value] : fields) std::fprintf(file_, ", \"%s\": %.15g", name, value);
   std::fprintf(file_, "}\n");
   std::fflush(file_);
 }

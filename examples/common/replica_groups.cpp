@@ -131,9 +131,14 @@ int ReplicaGroupRun::run(const std::string& name,
     committed_ = false;
     const double loss = step(rows, 0);
     const auto now = Clock::now();
+    // Wall-clock time, comparable across the groups' processes (the benchmark lines up kills,
+    // commits and recoveries of different processes).
+    const double unix_time =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (const dist::FaultToleranceEvent& event : ft_->take_events()) {
       metrics.event(ft_->step(), event.kind, event.detail,
-                    {{"quorum", static_cast<double>(event.quorum)}, {"seconds", event.seconds}, {"took", event.took}});
+                    {{"quorum", static_cast<double>(event.quorum)}, {"seconds", event.seconds}, {"took", event.took},
+                     {"unix_time", unix_time - (ft_->seconds() - event.seconds)}});
       if ((writer || event.kind == "failed") && !trainer_.quiet) {  // a failure: whichever rank saw it
         std::printf("group %d rank %d: %s at step %lld (%.3f s): %s\n", options_.group, rank, event.kind.c_str(),
                     static_cast<long long>(event.step), event.took, event.detail.c_str());
@@ -148,7 +153,7 @@ int ReplicaGroupRun::run(const std::string& name,
     metrics.step(ft_->step(), static_cast<int>(position / n) + 1, loss, t.last_grad_norm,
                  {{"members", static_cast<double>(members)},
                   {"seconds", std::chrono::duration<double>(now - start).count()},
-                  {"since_last_commit", since_last}});
+                  {"since_last_commit", since_last}, {"unix_time", unix_time}});
     if (record != nullptr) {
       std::fprintf(record,
                    "{\"group\": %d, \"step\": %lld, \"position\": %lld, \"count\": %lld, \"first\": %lld, \"size\": %lld}\n",

@@ -55,6 +55,8 @@ std::int64_t FaultTolerance::first_sample() const {
   return position_ + static_cast<std::int64_t>(std::max(quorum_.index, 0)) * options_.samples_per_group;
 }
 
+double FaultTolerance::seconds() const { return seconds_since(made_); }
+
 std::vector<FaultToleranceEvent> FaultTolerance::take_events() {
   std::vector<FaultToleranceEvent> taken;
   taken.swap(events_);

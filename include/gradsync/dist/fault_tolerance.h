@@ -103,6 +103,7 @@ class FaultTolerance {
   std::int64_t first_sample() const;
   const comm::Quorum& quorum() const { return quorum_; }   // the current quorum
   int group() const { return options_.coordinator.group; } // this replica group
+  double seconds() const;  // since this object was made (the clock of the events' `seconds`)
   // What happened so far, in order; take_events() hands them over and forgets them.
   std::vector<FaultToleranceEvent> take_events();
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The table of benchmarks/fault_tolerance.sh, from the runs it left in OUT.
+
+    fault_tolerance_report.py OUT
+
+replicas_plain / replicas_killed: 3 replica groups (one torchrun agent each) and the coordinator;
+restarts_plain / restarts_killed: one torchrun of 6 ranks with --max-restarts and checkpoints.
+For the killed runs, each kill (OUT/<run>/kills.txt: unix time, committed step, group) is lined
+up with what followed it: the survivors' next committed step and the replacement's recovery
+(replica groups, from the groups' metrics' unix_time), or the step the restart resumed from.
+"""
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_kills(run):
+    path = os.path.join(run, "kills.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as lines:
+        return [(float(t), int(step), int(group)) for t, step, group, _ in (line.split() for line in lines)]
+
+
+def wall(run):
+    with open(os.path.join(run, "finished"), encoding="utf-8") as finished:
+        end, start, status = finished.read().split()
+    return float(end) - float(start), int(status)
+
+
+def final(records):
+    epochs = [r for r in records if "accuracy" in r]
+    return (epochs[-1]["epoch_loss"], epochs[-1]["accuracy"], epochs[-1]["step"]) if epochs else (float("nan"),) * 3
+
+
+def spread(values):
+    if not values:
+        return "-"
+    return f"median {statistics.median(values):.2f} s, max {max(values):.2f} s"
+
+
+def replicas(out, name):
+    run = os.path.join(out, name)
+    groups = [read_jsonl(os.path.join(run, f"group{g}.jsonl")) for g in range(3)]
+    seconds, status = wall(run)
+    kills = read_kills(run)
+    next_commit, rejoin = [], []
+    for when, _, group in kills:
+        commits = [r["unix_time"] for g, records in enumerate(groups) if g != group for r in records
+                   if "loss" in r and "event" not in r and r["unix_time"] > when]
+        if commits:
+            next_commit.append(min(commits) - when)
+        recovered = [r["unix_time"] for r in groups[group] if r.get("event") == "recovered" and r["unix_time"] > when]
+        if recovered:
+            rejoin.append(min(recovered) - when)
+    discarded = {(r["quorum"], r["step"]) for records in groups for r in records if r.get("event") == "discarded"}
+    loss, accuracy, steps = final(groups[0])
+    samples = open(os.path.join(run, "samples.txt"), encoding="utf-8").read().strip() if os.path.exists(
+        os.path.join(run, "samples.txt")) else ""
+    return {"run": name, "wall": seconds, "status": status, "kills": len(kills), "steps": steps,
+            "lost": len(discarded), "next_commit": next_commit, "rejoin": rejoin, "loss": loss,
+            "accuracy": accuracy, "samples": samples}
+
+
+def restarts(out, name):
+    run = os.path.join(out, name)
+    seconds, status = wall(run)
+    kills = read_kills(run)
+    with open(os.path.join(run, "run.log"), encoding="utf-8", errors="replace") as log:
+        resumed = [int(m.group(1)) for m in re.finditer(r"resuming from \S*step_(\d+)\.safetensors", log.read())]
+    lost = [step - resumed_at for (_, step, _), resumed_at in zip(kills, resumed)]
+    loss, accuracy, steps = final(read_jsonl(os.path.join(run, "metrics.jsonl")))
+    return {"run": name, "wall": seconds, "status": status, "kills": len(kills), "steps": steps, "lost": sum(lost),
+            "lost_each": lost, "loss": loss, "accuracy": accuracy}
+
+
+def main():
+    out = sys.argv[1]
+    rows = [replicas(out, "replicas_plain"), replicas(out, "replicas_killed"), restarts(out, "restarts_plain"),
+            restarts(out, "restarts_killed")]
+    print(f"{'run':<17}{'status':>7}{'kills':>6}{'wall s':>8}{'steps':>7}{'steps lost':>11}{'loss':>8}{'accuracy':>10}")
+    for r in rows:
+        print(f"{r['run']:<17}{r['status']:>7}{r['kills']:>6}{r['wall']:>8.1f}{r['steps']:>7}{r['lost']:>11}"
+              f"{r['loss']:>8.4f}{r['accuracy'] * 100:>9.2f}%")
+    plain, killed, restart_plain, restart_killed = rows
+    if killed["kills"]:
+        print(f"replica groups, per failure: {(killed['wall'] - plain['wall']) / killed['kills']:.2f} s of wall clock, "
+              f"{killed['lost'] / killed['kills']:.2f} steps discarded")
+        print(f"  the survivors' next committed step after a kill: {spread(killed['next_commit'])}")
+        print(f"  the replacement recovered and rejoined after: {spread(killed['rejoin'])} "
+              f"({len(killed['rejoin'])} of {killed['kills']})")
+        print(f"  {killed['samples']}")
+    if restart_killed["kills"]:
+        print(f"torchrun --max-restarts with checkpoints, per failure: "
+              f"{(restart_killed['wall'] - restart_plain['wall']) / restart_killed['kills']:.2f} s of wall clock, "
+              f"{restart_killed['lost'] / restart_killed['kills']:.2f} steps lost (each: {restart_killed['lost_each']})")
+
+
+if __name__ == "__main__":
+    main()
