@@ -19,7 +19,8 @@
 // --zero 1|2 shards AdamW's state (and the gradients) as digits_ddp does, --zero 3 the
 // parameters too (the model gathers each block around its use: Gpt::shard), --shard-group N
 // shards inside groups of N ranks and replicates across them (HSDP); --sync-strategy picks
-// when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join.
+// when microbatches reduce; --uneven gives the ranks different numbers of steps, through Join;
+// --replica-groups R: this world is one of R groups that go on when one dies (fault_tolerance.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +29,7 @@
 
 #include <sys/resource.h>
 
+#include "common/replica_groups.h"
 #include "common/slow_links.h"
 #include "common/trainer_support.h"
 #include "gpt/gpt_data.h"
@@ -68,8 +70,8 @@ int main(int argc, char** argv) try {
         "  --sync-strategy single|multi|forced|auto (across microbatches; Composer's)   --uneven (rank r stops\n"
         "    after (2W - r) / 2W of the steps and joins: Join shadows the others' steps)\n"
         "  --val-every N (the validation loss every N steps, 4 batches per rank, into --metrics)\n"
-        "  --time-budget S (stop at the first --val-every point after S seconds)\n%s\n%s\n",
-        examples::kSlowLinkHelp, examples::kRestartHelp);
+        "  --time-budget S (stop at the first --val-every point after S seconds)\n%s\n%s\n%s\n",
+        examples::kSlowLinkHelp, examples::kRestartHelp, examples::kReplicaGroupHelp);
     return 0;
   }
   const std::string data_path = flags.text("--data", "");
@@ -114,7 +116,13 @@ int main(int argc, char** argv) try {
   const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
   const std::int64_t val_every = flags.integer("--val-every", 0);
   const double time_budget = flags.number("--time-budget", 0.0);
+  const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
+  GRADSYNC_CHECK(!replica_options.enabled() || (zero_stage <= 1 && shard_group < 0 && powersgd_rank == 0 &&
+                                                !slow_options.enabled() && !uneven && clip_norm == 0 && time_budget == 0 &&
+                                                restarts.checkpoint_every == 0 && resume_flag.empty()),
+                 "--replica-groups runs with --zero 0 or 1, --clip-norm 0, and without --shard-group, --powersgd-rank, ",
+                 "--local-sgd / --diloco, --uneven, --time-budget and checkpoints (a replacement recovers from a live group)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.
   GRADSYNC_CHECK(!slow_options.enabled() ||
@@ -231,7 +239,10 @@ int main(int argc, char** argv) try {
     zero = std::make_unique<dist::ZeroOptimizer>(optimizer, ddp, dist::ZeroOptions{.stage = zero_stage});
     if (zero_stage == 3) model.shard(zero.get());
   }
-  examples::Metrics metrics(metrics_path, comm->rank() == 0);
+  // Fault tolerance across replica groups: each step in the coordinator's quorum (replica_groups.h).
+  std::unique_ptr<dist::FaultTolerance> ft = replica_options.enabled() ? examples::make_fault_tolerance(
+      replica_options, registry, &optimizer, *comm, batch * comm->size(), zero.get()) : nullptr;
+  examples::Metrics metrics(metrics_path, comm->rank() == 0, /*append=*/ft != nullptr);  // a restarted group adds
   if (comm->rank() == 0 && !quiet) {
     std::printf("gpt_ddp: %d rank(s) on %s, %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
                 "%lld x %lld sequences of %lld per step\n",
@@ -270,15 +281,20 @@ int main(int argc, char** argv) try {
     return examples::OptimizerCheckpoint{std::move(consolidated.tensors), std::move(consolidated.metadata)};
   };
   const std::int64_t first_step = progress.global_step;
-  for (std::int64_t step = first_step; step < my_steps; ++step) {
+  for (std::int64_t step = first_step; ft ? ft->step() < steps : step < my_steps; ++step) {
+    if (ft) {
+      ft->start_step();  // the quorum (a replacement recovers here); the step is the committed count
+      step = ft->step();
+    }
     const Clock::time_point step_start = Clock::now();
     double step_loss = 0, sync_seconds = 0;
     std::optional<dist::DataParallel::NoSync> local_only;  // slow links: this step's gradients stay local
     if (slow && !slow->synchronizes_gradients()) local_only.emplace(ddp);
     for (std::int64_t m = 0; m < microbatches; ++m) {
       // By global sequence index: this rank's microbatch m of the step's B W sequences.
+      const std::int64_t first = ft ? ft->first_sample() : step * batch * world;  // this group's, with replicas
       const examples::Sequences sequences =
-          examples::cut_sequences(data, step * batch * world + comm->rank() * batch + m * micro, micro, length);
+          examples::cut_sequences(data, first + comm->rank() * batch + m * micro, micro, length);
       // The strategy decides which microbatches' backwards reduce (SINGLE: the last one's,
       // overlapped; MULTI: every one's; FORCED: all at once when the last one's context closes).
       dist::DDPSyncContext sync(ddp, m + 1 == microbatches, strategy);
@@ -300,9 +316,12 @@ int main(int argc, char** argv) try {
     const double rate = examples::learning_rate(step, lr, min_lr, warmup, decay_steps);
     optimizer.set_lr(0, rate);
     optimizer.set_lr(1, rate);
-    zero ? zero->step() : optimizer.step();
+    const bool commit = !ft || examples::commit_across_groups(*ft, replica_options, comm->rank());
+    if (commit) zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
     if (slow) slow->step();
+    if (ft) examples::report_events(*ft, metrics, comm->rank(), quiet);
+    if (!commit) continue;  // discarded by every group: run again in the next quorum
     const double optimizer_seconds = since(optimizer_start);
     const double step_seconds = since(step_start);
     total_seconds += step_seconds;

@@ -52,38 +52,63 @@ ReplicaGroupOptions parse_replica_group_options(Flags& flags) {
   return options;
 }
 
-ReplicaGroupRun::ReplicaGroupRun(const ReplicaGroupOptions& options, Training& training, const TrainerOptions& trainer,
-                                 dist::ZeroOptimizer* zero)
-    : options_(options), training_(training), trainer_(trainer) {
-  comm::Communicator& group = *training.comm;
+std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOptions& options, ParameterRegistry& registry,
+                                                           optim::Optimizer* optimizer, comm::Communicator& group,
+                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero) {
   dist::FaultToleranceOptions ft;
   ft.coordinator.host = options.host;
   ft.coordinator.port = options.port;
   ft.coordinator.group = options.group;
   ft.coordinator.cross_options.timeout = std::chrono::milliseconds(options.timeout_ms);
-  ft.samples_per_group = training.local_batch * group.size();
+  ft.samples_per_group = samples_per_group;
   ft.zero = zero;
-  ft_ = std::make_unique<dist::FaultTolerance>(training.registry, training.optimizer.get(), group, ft);
+  return std::make_unique<dist::FaultTolerance>(registry, optimizer, group, ft);
 }
 
-void ReplicaGroupRun::maybe_die(const std::string& phase) {
-  if (phase != options_.die_phase || options_.group != options_.die_group || training_.comm->rank() != options_.die_rank ||
-      ft_->step() < options_.die_step) {
+void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, int rank, std::int64_t step) {
+  if (phase != options.die_phase || options.group != options.die_group || rank != options.die_rank ||
+      step < options.die_step) {
     return;
   }
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (restarts != nullptr && std::string(restarts) != "0") return;  // the first attempt only
-  std::fprintf(stderr, "replica group %d rank %d: --ft-die: stopping at '%s' after step %lld\n", options_.group,
-               training_.comm->rank(), phase.c_str(), static_cast<long long>(ft_->step()));
+  std::fprintf(stderr, "replica group %d rank %d: --ft-die: stopping at '%s' after step %lld\n", options.group, rank,
+               phase.c_str(), static_cast<long long>(step));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are inside the phase by now
   std::raise(SIGKILL);
 }
 
+bool commit_across_groups(dist::FaultTolerance& ft, const ReplicaGroupOptions& options, int rank) {
+  die_if_asked(options, "reduce", rank, ft.step());
+  ft.average_gradients();
+  die_if_asked(options, "quorum", rank, ft.step());
+  return ft.should_commit();
+}
+
+void report_events(dist::FaultTolerance& ft, Metrics& metrics, int rank, bool quiet) {
+  // Wall-clock time, comparable across the groups' processes (the benchmark lines up kills,
+  // commits and recoveries of different processes).
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const dist::FaultToleranceEvent& event : ft.take_events()) {
+    metrics.event(ft.step(), event.kind, event.detail,
+                  {{"quorum", static_cast<double>(event.quorum)}, {"seconds", event.seconds}, {"took", event.took},
+                   {"unix_time", now - (ft.seconds() - event.seconds)}});
+    if ((rank == 0 || event.kind == "failed") && !quiet) {  // a failure: whichever rank saw it
+      std::printf("group %d rank %d: %s at step %lld (%.3f s): %s\n", ft.group(), rank, event.kind.c_str(),
+                  static_cast<long long>(event.step), event.took, event.detail.c_str());
+    }
+  }
+}
+
+ReplicaGroupRun::ReplicaGroupRun(const ReplicaGroupOptions& options, Training& training, const TrainerOptions& trainer,
+                                 dist::ZeroOptimizer* zero)
+    : options_(options), training_(training), trainer_(trainer) {
+  ft_ = make_fault_tolerance(options, training.registry, training.optimizer.get(), *training.comm,
+                             training.local_batch * training.comm->size(), zero);
+}
+
 bool ReplicaGroupRun::commit() {
-  maybe_die("reduce");
-  ft_->average_gradients();
-  maybe_die("quorum");
-  committed_ = ft_->should_commit();
+  committed_ = commit_across_groups(*ft_, options_, training_.comm->rank());
   return committed_;
 }
 
@@ -131,19 +156,9 @@ int ReplicaGroupRun::run(const std::string& name,
     committed_ = false;
     const double loss = step(rows, 0);
     const auto now = Clock::now();
-    // Wall-clock time, comparable across the groups' processes (the benchmark lines up kills,
-    // commits and recoveries of different processes).
     const double unix_time =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    for (const dist::FaultToleranceEvent& event : ft_->take_events()) {
-      metrics.event(ft_->step(), event.kind, event.detail,
-                    {{"quorum", static_cast<double>(event.quorum)}, {"seconds", event.seconds}, {"took", event.took},
-                     {"unix_time", unix_time - (ft_->seconds() - event.seconds)}});
-      if ((writer || event.kind == "failed") && !trainer_.quiet) {  // a failure: whichever rank saw it
-        std::printf("group %d rank %d: %s at step %lld (%.3f s): %s\n", options_.group, rank, event.kind.c_str(),
-                    static_cast<long long>(event.step), event.took, event.detail.c_str());
-      }
-    }
+    report_events(*ft_, metrics, rank, trainer_.quiet);
     if (!committed_) continue;
     const double since_last = std::chrono::duration<double>(now - last_commit).count();
     last_commit = now;

@@ -43,6 +43,22 @@ struct ReplicaGroupOptions {
 ReplicaGroupOptions parse_replica_group_options(Flags& flags);
 extern const char* const kReplicaGroupHelp;
 
+// The parts every trainer's fault-tolerant loop shares (ReplicaGroupRun below is digits_ddp's
+// whole loop; gpt_ddp calls these in its own):
+// This group's side of the protocol; `samples_per_group`: what one group's step consumes (all
+// its ranks); `zero`: the ZeroOptimizer (stage 1) sharding `optimizer`, if any.
+std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOptions& options, ParameterRegistry& registry,
+                                                           optim::Optimizer* optimizer, comm::Communicator& group,
+                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero);
+// --ft-die: stops this rank at `phase` when it is the one named and `step` steps have committed.
+void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, int rank, std::int64_t step);
+// The cross-group end of a step, where the optimizer would step: the average across the quorum,
+// then the coordinator's decision (with --ft-die's two phases there). True: step the optimizer.
+bool commit_across_groups(dist::FaultTolerance& ft, const ReplicaGroupOptions& options, int rank);
+// What happened across the groups since the last call: into the metrics (`event` records with a
+// wall-clock unix_time) and printed (rank 0's, and any rank's failures).
+void report_events(dist::FaultTolerance& ft, Metrics& metrics, int rank, bool quiet);
+
 class ReplicaGroupRun {
  public:
   // Collective over the group's communicator (training.comm). `zero`: the ZeroOptimizer (stage
@@ -53,7 +69,7 @@ class ReplicaGroupRun {
   // across the quorum, then the coordinator's decision. True: step the optimizer.
   bool commit();
   // --ft-die: stops this rank here when it is the one named, at that phase (above).
-  void maybe_die(const std::string& phase);
+  void maybe_die(const std::string& phase) { die_if_asked(options_, phase, training_.comm->rank(), ft_->step()); }
   // The run: `step(rows, 0)` trains one step on the rows given (this rank's part of the group's
   // slice) and returns its loss; the run ends when the epochs' samples are consumed or
   // --max-steps steps have committed. Returns the process exit code.

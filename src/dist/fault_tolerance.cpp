@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "gradsync/comm/flight_recorder.h"
+#include "gradsync/comm/nccl.h"
 #include "gradsync/core/error.h"
 #include "gradsync/dist/replicas.h"
 #include "gradsync/io/checksum.h"
@@ -35,12 +36,15 @@ FaultTolerance::FaultTolerance(ParameterRegistry& registry, optim::Optimizer* op
     : registry_(registry), optimizer_(optimizer), group_(group), options_(std::move(options)), made_(Clock::now()) {
   // Across the groups a dead peer must leave a communicator that can be replaced by one among
   // the survivors: Gloo makes a new context through the coordinator's store.
-  GRADSYNC_CHECK(options_.cross_backend == "gloo", "FaultTolerance: cross_backend '", options_.cross_backend, "': ",
+  GRADSYNC_CHECK(options_.cross_backend == "gloo" || options_.cross_backend == "nccl", "FaultTolerance: cross_backend '",
+                 options_.cross_backend, "': ",
                  options_.cross_backend == "mpi"
                      ? "MPI cannot go on without a dead rank (the standard's error handling ends the job; ULFM's "
                        "MPIX_Comm_shrink is not in the MPI builds gradsync targets): use gloo across the groups, MPI "
                        "inside them"
-                     : "the communicator across groups is gloo (the groups' own may be nccl, mpi or gloo)");
+                     : "expected gloo or nccl (the groups' own communicators may be nccl, mpi or gloo)");
+  GRADSYNC_CHECK(options_.cross_backend != "nccl" || comm::nccl_available(), "FaultTolerance: cross_backend 'nccl': ",
+                 comm::nccl_unavailable_reason());
   GRADSYNC_CHECK(options_.samples_per_group >= 1, "FaultTolerance: samples_per_group must be positive, got ",
                  options_.samples_per_group);
   options_.coordinator.group_size = group.size();
@@ -103,9 +107,14 @@ void FaultTolerance::connect_quorum() {
   const auto started = Clock::now();
   cross_.reset();
   connected_ = quorum_.id;
+  cross_device_.reset();
   try {
     cross_ = client_->connect(quorum_.id, "reduce", group_.rank(), quorum_.index, static_cast<int>(quorum_.members.size()));
+    if (options_.cross_backend == "nccl") {
+      cross_device_ = comm::nccl_communicator(*cross_, options_.coordinator.cross_options, options_.cross_device);
+    }
   } catch (const std::exception& error) {
+    cross_.reset();
     step_ok_ = false;  // a member died while the quorum met: this step is discarded
     event("failed", seconds_since(started), std::string("connecting the quorum: ") + error.what());
     return;
@@ -248,11 +257,13 @@ bool FaultTolerance::average_gradients() {
                                  std::to_string(quorum_.id));
       for (const Arena& arena : registry_.arenas()) {
         Tensor grads = arena.grads;
-        cross_->allreduce(grads, comm::ReduceOp::avg);
+        comm::Communicator& across = arena.device.is_cuda() && cross_device_ ? *cross_device_ : *cross_;
+        across.allreduce(grads, comm::ReduceOp::avg);
       }
     } catch (const std::exception& error) {
       ok = false;
-      cross_.reset();  // broken: the next quorum makes a new one
+      cross_device_.reset();  // broken (NCCL's aborts): the next quorum makes new ones
+      cross_.reset();
       std::string groups;  // the message names ranks of the quorum: say which groups they are
       for (std::size_t r = 0; r < quorum_.members.size(); ++r) {
         groups += (r > 0 ? ", rank " : "rank ") + std::to_string(r) + " is group " + std::to_string(quorum_.members[r]);
@@ -282,7 +293,10 @@ bool FaultTolerance::should_commit() {
   } else {
     event("discarded", 0, "step " + std::to_string(step_ + 1) + " in quorum " + std::to_string(ran.id));
   }
-  if (quorum_.id != connected_) cross_.reset();  // a new quorum meets at the next start_step
+  if (quorum_.id != connected_) {  // a new quorum meets at the next start_step
+    cross_device_.reset();
+    cross_.reset();
+  }
   return committed;
 }
 

@@ -15,6 +15,9 @@
 #                        port: the groups wait for it and go on.
 #   min_replicas         --min-replicas 3 and a group that dies for good: the others end within
 #                        the join timeout with the error naming the missing group.
+#   gpt                  gpt_ddp (AdamW) as 3 groups, one stopping in its reduction; the others
+#                        wait for its replacement (--min-replicas 3), which recovers; the groups'
+#                        --save files are byte-identical.
 set -uo pipefail
 case_name=$1
 build=$2
@@ -169,6 +172,39 @@ case $case_name in
         fail "min_replicas: group $g did not end with the quorum's error"
     done
     ((ms < 30000)) || fail "min_replicas: took $ms ms"
+    ;;
+  gpt)
+    # gpt_ddp as 3 groups of one rank, AdamW; group 1 stops in its cross-group reduction at step
+    # 20. --min-replicas 3: the others wait for its replacement, which recovers; every group ends
+    # with the same bytes (weights, AdamW's state, the step) in its --save.
+    rm -f "$scratch"/group*.log
+    port=$(free_port)
+    start_coordinator "$port" 3 20000
+    fixtures=$source/tests/fixtures
+    gpt() {  # gpt GROUP EXTRA...
+      local group=$1
+      shift
+      for attempt in 0 1; do
+        TORCHELASTIC_RESTART_COUNT=$attempt MASTER_PORT='' "$source/scripts/launch.sh" 1 "$examples/gpt_ddp" \
+          --data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 \
+          --init "$fixtures/gpt_init.safetensors" --steps 60 --batch 2 --clip-norm 0 --backend gloo \
+          --replica-groups 3 --replica-group "$group" --coordinator "127.0.0.1:$port" \
+          --save "$scratch/gpt$group.safetensors" "$@" >> "$scratch/group$group.log" 2>&1 && return 0
+      done
+      return 1
+    }
+    gpt 0 & a0=$!
+    gpt 1 --ft-die reduce:1.0@20 & a1=$!
+    gpt 2 & a2=$!
+    status=0
+    for a in $a0 $a1 $a2; do wait $a || status=1; done
+    kill -TERM "$coordinator" 2>/dev/null
+    grep -v "waiting for groups" "$scratch/coordinator.log" | sed 's/^/   coordinator: /' | head
+    for g in 0 1 2; do grep -E "discarded|recovered|stopping|failed" "$scratch/group$g.log" | sed "s/^/   group $g: /" | head -5; done
+    ((status == 0)) || { fail "gpt: a group did not finish"; tail -20 "$scratch"/group*.log; }
+    grep -q "recovered" "$scratch/group1.log" || fail "gpt: group 1 did not recover"
+    cmp "$scratch/gpt0.safetensors" "$scratch/gpt1.safetensors" && cmp "$scratch/gpt0.safetensors" "$scratch/gpt2.safetensors" &&
+      echo "   the three groups saved the same bytes" || fail "gpt: the groups ended apart"
     ;;
   *)
     echo "unknown case $case_name" >&2

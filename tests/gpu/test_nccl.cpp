@@ -10,11 +10,13 @@
 #include "dist.h"
 #include "expectations.h"
 #include "gradsync/comm/connect.h"
+#include "gradsync/comm/coordinator.h"
 #include "gradsync/comm/gloo.h"
 #include "gradsync/comm/nccl.h"
 #include "gradsync/core/stream.h"
 #include "gradsync/dist/data_parallel.h"
 #include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/fault_tolerance.h"
 #include "gradsync/optim/adam.h"
 #include "models.h"
 #include "optimizers.h"
@@ -203,6 +205,41 @@ TEST(GlooWithCudaTensors, AreStagedThroughPinnedPooledBuffers) {
     works[static_cast<std::size_t>(i)]->wait();
     EXPECT_TRUE(works[static_cast<std::size_t>(i)]->is_completed());
     EXPECT_EQ(tensors[static_cast<std::size_t>(i)].to_double_vector()[7], i + 7.0);
+  }
+}
+
+// Fault tolerance with NCCL across the groups (dist/fault_tolerance.h, cross_backend "nccl"):
+// one replica group on one GPU (NCCL refuses two ranks on one device), its device gradients
+// averaged over an NCCL communicator made for the quorum through its Gloo context, then a second
+// incarnation of the group joining (a new quorum: the first NCCL communicator torn down, a new one
+// made). Several groups need several GPUs: the protocol itself is tested on Gloo
+// (test_fault_tolerance, fault_tolerance.sh).
+TEST_F(Nccl, FaultToleranceAveragesDeviceGradientsOverNccl) {
+  comm::CoordinatorOptions coordinator_options;
+  coordinator_options.quiet = true;
+  coordinator_options.token = "nccl-test";
+  comm::Coordinator coordinator(coordinator_options);
+  auto group = comm::gloo_tcp_store("127.0.0.1", 0, 0, 1);
+  for (int incarnation = 0; incarnation < 2; ++incarnation) {
+    ParameterRegistry registry;
+    registry.add("w", {1000}, DType::f32, Device::cuda(0));
+    registry.finalize();
+    auto sgd = testing::make_test_optimizer("sgd", registry, {{"lr", 0.5}});
+    dist::FaultToleranceOptions options;
+    options.coordinator.port = coordinator.port();
+    options.coordinator.token = "nccl-test";
+    options.cross_backend = "nccl";
+    options.cross_device = 0;
+    dist::FaultTolerance ft(registry, sgd.get(), *group, options);
+    for (int step = 0; step < 3; ++step) {
+      ft.start_step();
+      registry.at("w").set_grad(testing::filled(1000, DType::f32, [](std::int64_t) { return 2.0; }, Device::cuda(0)));
+      ASSERT_TRUE(ft.average_gradients());
+      ASSERT_TRUE(ft.should_commit());
+      sgd->step();
+      registry.zero_grad();
+    }
+    EXPECT_EQ(registry.at("w").value().to_double_vector()[999], -3.0);  // 0 - 3 x 0.5 x 2
   }
 }
 

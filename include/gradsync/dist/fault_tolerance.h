@@ -53,9 +53,12 @@ class ZeroOptimizer;
 struct FaultToleranceOptions {
   comm::QuorumClientOptions coordinator;  // where the coordinator is, and this group's number
   std::int64_t samples_per_group = 1;     // samples one group trains on per step (all its ranks)
-  // The backend across the groups: "gloo" (a new context per quorum). "mpi" is refused: MPI
-  // cannot go on without a dead rank. Inside a group any backend trains.
+  // The backend across the groups: "gloo" (a new context per quorum), or "nccl": device
+  // gradients averaged over an NCCL communicator made for each quorum (its unique id carried by
+  // the quorum's Gloo context; aborted when the quorum changes without settling), host ones over
+  // Gloo. "mpi" is refused: MPI cannot go on without a dead rank. Inside a group any backend.
   std::string cross_backend = "gloo";
+  int cross_device = -1;  // "nccl": the GPU of its communicator (-1: the local rank's)
   // The ZeroOptimizer (stage 1) that shards `optimizer` inside the group, if any: a recovery
   // then carries its consolidated state (gathered inside the source group, each newcomer rank
   // keeping its pieces).
@@ -138,6 +141,7 @@ class FaultTolerance {
   bool in_quorum_ = false;     // quorum_ is the next step's (from the last decision)
   std::int64_t connected_ = -1;  // the quorum id cross_ belongs to
   std::unique_ptr<comm::Communicator> cross_;
+  std::unique_ptr<comm::Communicator> cross_device_;  // "nccl": over cross_'s ranks, for device arenas
   bool step_ok_ = true;        // nothing failed across the groups in this step so far
   std::int64_t step_ = 0;
   std::int64_t position_ = 0;
