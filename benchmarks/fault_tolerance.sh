@@ -7,7 +7,10 @@
 # kill schedule. Each also runs once without kills.
 #
 #   benchmarks/fault_tolerance.sh [--out runs/ft] [--kills 10] [--every 40] [--epochs 24]
-#                                 [--checkpoint-every 20] [--delay-ms 20]
+#                                 [--checkpoint-every 20] [--delay-ms 20] [--noise-seeds "4 5"]
+#
+# --noise-seeds: the uninterrupted replica job again with these seeds (another initialization and
+# data order), for the run-to-run noise the killed run's final accuracy is compared with.
 #
 # Needs the torch venv (scripts/torch_env.sh). Writes OUT/<run>/ (metrics, logs, the kills) and
 # prints benchmarks/fault_tolerance_report.py's table: wall clock, steps lost per failure, the
@@ -22,6 +25,7 @@ every=40
 epochs=24
 checkpoint_every=20
 delay_ms=20
+noise_seeds=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -30,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     --epochs) epochs=$2; shift 2 ;;
     --checkpoint-every) checkpoint_every=$2; shift 2 ;;
     --delay-ms) delay_ms=$2; shift 2 ;;
+    --noise-seeds) noise_seeds=$2; shift 2 ;;
     *) echo "fault_tolerance.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +49,8 @@ GRADSYNC_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 export GRADSYNC_STORE_TOKEN
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # Every run: --batch 16 per group of 2 (8 per rank), the global batch 48 either way.
-common=(--backend gloo --epochs "$epochs" --lr 0.1 --seed 3 --delay-rank "0:$delay_ms")
+seed=3
+common=(--backend gloo --epochs "$epochs" --lr 0.1 --delay-rank "0:$delay_ms")
 
 # The last committed step in these metrics files (0 before the first).
 last_step() { cat "$@" 2>/dev/null | grep -o '"step": [0-9]*, "epoch": [0-9]*, "loss"' | grep -o '[0-9]*' |
@@ -93,7 +99,7 @@ replica_job() {
   start=$(date +%s.%N)
   for g in 0 1 2; do
     "${torchrun[@]}" --standalone --nproc-per-node 2 --max-restarts $((kills + 5)) --no-python "$digits" "${common[@]}" \
-      --batch 16 --replica-groups 3 --replica-group "$g" --coordinator "127.0.0.1:$port" \
+      --seed "$seed" --batch 16 --replica-groups 3 --replica-group "$g" --coordinator "127.0.0.1:$port" \
       --metrics "$run/group$g.jsonl" --record-samples "$run/records.jsonl" > "$run/group$g.log" 2>&1 &
     agents+=($!)
   done
@@ -117,7 +123,7 @@ restart_job() {
   local start
   start=$(date +%s.%N)
   "${torchrun[@]}" --standalone --nproc-per-node 6 --max-restarts $((kills + 5)) --no-python "$digits" "${common[@]}" \
-    --batch 48 --checkpoint-dir "$run/checkpoints" --checkpoint-every "$checkpoint_every" \
+    --seed "$seed" --batch 48 --checkpoint-dir "$run/checkpoints" --checkpoint-every "$checkpoint_every" \
     --metrics "$run/metrics.jsonl" > "$run/run.log" 2>&1 &
   local agent=$! killer_pid=
   if ((kill)); then
@@ -135,4 +141,5 @@ replica_job replicas_plain 0
 replica_job replicas_killed 1
 restart_job restarts_plain 0
 restart_job restarts_killed 1
+for seed in $noise_seeds; do replica_job "replicas_seed$seed" 0; done
 python3 "$root/benchmarks/fault_tolerance_report.py" "$out"

@@ -99,6 +99,12 @@ def main():
         print(f"  the replacement recovered and rejoined after: {spread(killed['rejoin'])} "
               f"({len(killed['rejoin'])} of {killed['kills']})")
         print(f"  {killed['samples']}")
+    noise = sorted(name for name in os.listdir(out) if name.startswith("replicas_seed"))
+    if noise:
+        accuracies = [plain["accuracy"]] + [replicas(out, name)["accuracy"] for name in noise]
+        print(f"uninterrupted replica runs (seed 3 and {', '.join(n[len('replicas_seed'):] for n in noise)}): held-out "
+              f"accuracy {', '.join(f'{a * 100:.2f}%' for a in accuracies)} (spread "
+              f"{(max(accuracies) - min(accuracies)) * 100:.2f} points); the killed run: {killed['accuracy'] * 100:.2f}%")
     if restart_killed["kills"]:
         print(f"torchrun --max-restarts with checkpoints, per failure: "
               f"{(restart_killed['wall'] - restart_plain['wall']) / restart_killed['kills']:.2f} s of wall clock, "

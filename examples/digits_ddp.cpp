@@ -115,10 +115,10 @@ int main(int argc, char** argv) try {
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
   GRADSYNC_CHECK(!replica_options.enabled() ||
-                     (zero_stage <= 1 && powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
+                     (zero_stage <= 2 && powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
                       options.precision != "fp16" && options.clip_norm == 0 && options.restarts.checkpoint_every == 0 &&
                       options.resume.empty() && options.save.empty()),
-                 "--replica-groups runs with --zero 0 or 1, without --powersgd-rank, --local-sgd / --diloco, --uneven, ",
+                 "--replica-groups runs with --zero 0, 1 or 2, without --powersgd-rank, --local-sgd / --diloco, --uneven, ",
                  "--precision fp16, --clip-norm and checkpoints: a replacement recovers from a live group instead");
   GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && powersgd_rank == 0 && !options.uneven &&
                                              !options.check_replicas && options.restarts.checkpoint_every == 0 &&

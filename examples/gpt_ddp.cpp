@@ -118,10 +118,10 @@ int main(int argc, char** argv) try {
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
-  GRADSYNC_CHECK(!replica_options.enabled() || (zero_stage <= 1 && shard_group < 0 && powersgd_rank == 0 &&
+  GRADSYNC_CHECK(!replica_options.enabled() || (zero_stage <= 2 && shard_group < 0 && powersgd_rank == 0 &&
                                                 !slow_options.enabled() && !uneven && clip_norm == 0 && time_budget == 0 &&
                                                 restarts.checkpoint_every == 0 && resume_flag.empty()),
-                 "--replica-groups runs with --zero 0 or 1, --clip-norm 0, and without --shard-group, --powersgd-rank, ",
+                 "--replica-groups runs with --zero 0, 1 or 2, --clip-norm 0, and without --shard-group, --powersgd-rank, ",
                  "--local-sgd / --diloco, --uneven, --time-budget and checkpoints (a replacement recovers from a live group)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.

@@ -1,6 +1,7 @@
 // The trainers' fault-tolerant run across replica groups (replica_groups.h).
 #include "replica_groups.h"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -14,7 +15,8 @@ namespace gradsync::examples {
 const char* const kReplicaGroupHelp =
     "fault tolerance across replica groups (each group started by its own launcher; docs/fault_tolerance.md):\n"
     "  --replica-groups R --replica-group G --coordinator HOST:PORT (build/examples/coordinator serves it)\n"
-    "  --cross-timeout-ms MS (every operation across the groups: 10000)   --record-samples FILE\n"
+    "  --cross-timeout-ms MS (every operation across the groups: 10000; a quorum's meeting: at most 5000)\n"
+    "  --record-samples FILE\n"
     "  --ft-die PHASE:GROUP.RANK@STEP (fault injection: reduce | quorum | recovery | gather)\n"
     "  --batch is each group's batch; the run ends when --epochs of samples are consumed (or --max-steps)";
 
@@ -60,6 +62,8 @@ std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOpt
   ft.coordinator.port = options.port;
   ft.coordinator.group = options.group;
   ft.coordinator.cross_options.timeout = std::chrono::milliseconds(options.timeout_ms);
+  // Meeting a new quorum takes milliseconds; a member that never arrives has died in between.
+  ft.coordinator.cross_options.rendezvous_timeout = std::chrono::milliseconds(std::min<std::int64_t>(options.timeout_ms, 5000));
   ft.samples_per_group = samples_per_group;
   ft.zero = zero;
   return std::make_unique<dist::FaultTolerance>(registry, optimizer, group, ft);

@@ -1,7 +1,7 @@
 // --replica-groups R: the trainers' fault-tolerant run (dist/fault_tolerance.h). The job is R
 // replica groups, each started by its own launcher (a torchrun agent per group, or by hand),
 // meeting through a coordinator (build/examples/coordinator). Inside a group the trainer runs as
-// ever (DataParallel, ZeRO 1); across the groups each step runs in the coordinator's quorum and
+// ever (DataParallel, ZeRO 1 or 2); across the groups each step runs in the coordinator's quorum and
 // counts only when it commits. A group that loses a rank ends; its launcher starts it again and
 // it recovers the state from a live group, so the job never stops.
 //
@@ -34,7 +34,7 @@ struct ReplicaGroupOptions {
   // --ft-die PHASE:GROUP.RANK@STEP (fault injection, first attempt only): that rank stops at
   // PHASE once STEP steps have committed and is killed 0.3 s later, while the others are inside
   // the phase: reduce (the cross-group reduction), quorum (the vote), recovery (sending the state
-  // to a newcomer), gather (ZeRO 1's parameter gather inside its group).
+  // to a newcomer), gather (ZeRO's parameter gather inside its group).
   std::string die_phase;
   int die_group = -1, die_rank = -1;
   std::int64_t die_step = 0;
@@ -46,7 +46,7 @@ extern const char* const kReplicaGroupHelp;
 // The parts every trainer's fault-tolerant loop shares (ReplicaGroupRun below is digits_ddp's
 // whole loop; gpt_ddp calls these in its own):
 // This group's side of the protocol; `samples_per_group`: what one group's step consumes (all
-// its ranks); `zero`: the ZeroOptimizer (stage 1) sharding `optimizer`, if any.
+// its ranks); `zero`: the ZeroOptimizer (stage 1 or 2) sharding `optimizer`, if any.
 std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOptions& options, ParameterRegistry& registry,
                                                            optim::Optimizer* optimizer, comm::Communicator& group,
                                                            std::int64_t samples_per_group, dist::ZeroOptimizer* zero);
@@ -62,7 +62,7 @@ void report_events(dist::FaultTolerance& ft, Metrics& metrics, int rank, bool qu
 class ReplicaGroupRun {
  public:
   // Collective over the group's communicator (training.comm). `zero`: the ZeroOptimizer (stage
-  // 1) sharding the optimizer inside the group, if any.
+  // 1 or 2) sharding the optimizer inside the group, if any.
   ReplicaGroupRun(const ReplicaGroupOptions& options, Training& training, const TrainerOptions& trainer,
                   dist::ZeroOptimizer* zero = nullptr);
   // The cross-group end of a step, called where the optimizer would step: the gradients averaged

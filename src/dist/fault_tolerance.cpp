@@ -255,10 +255,21 @@ bool FaultTolerance::average_gradients() {
     try {
       comm::OperationLabel label("gradients of step " + std::to_string(step_) + " across quorum " +
                                  std::to_string(quorum_.id));
-      for (const Arena& arena : registry_.arenas()) {
-        Tensor grads = arena.grads;
-        comm::Communicator& across = arena.device.is_cuda() && cross_device_ ? *cross_device_ : *cross_;
-        across.allreduce(grads, comm::ReduceOp::avg);
+      const auto& arenas = registry_.arenas();
+      for (std::size_t a = 0; a < arenas.size(); ++a) {
+        Tensor grads = arenas[a].grads;
+        comm::Communicator& across = arenas[a].device.is_cuda() && cross_device_ ? *cross_device_ : *cross_;
+        if (optimizer_ == nullptr || !optimizer_->sharded()) {
+          across.allreduce(grads, comm::ReduceOp::avg);
+          continue;
+        }
+        // ZeRO 1 or 2 inside the group: this rank steps only its pieces, and place p of every
+        // group owns the same ones, so only they cross (HSDP's saving: 1/S of the gradient per rank).
+        std::vector<Tensor> pieces;
+        for (const optim::Optimizer::ElementRange& range : optimizer_->shard_ranges(a)) {
+          pieces.push_back(grads.view(static_cast<std::size_t>(range.begin), {range.end - range.begin}));
+        }
+        if (!pieces.empty()) across.allreduce_coalesced(std::move(pieces), comm::ReduceOp::avg);
       }
     } catch (const std::exception& error) {
       ok = false;

@@ -2,7 +2,7 @@
 // every step, discarded steps, and live recovery from a healthy peer (torchft's Manager, in C++).
 //
 // The job is R replica groups, each training as ever over its own communicator (DataParallel,
-// ZeRO 1). Across the groups, every step runs in a quorum the coordinator decides
+// ZeRO 1 or 2). Across the groups, every step runs in a quorum the coordinator decides
 // (comm/coordinator.h), and the step counts only when the coordinator says it commits:
 //
 //   dist::FaultTolerance ft(registry, &optimizer, group_comm, {.coordinator = {...}, .samples_per_group = B});
@@ -59,7 +59,7 @@ struct FaultToleranceOptions {
   // Gloo. "mpi" is refused: MPI cannot go on without a dead rank. Inside a group any backend.
   std::string cross_backend = "gloo";
   int cross_device = -1;  // "nccl": the GPU of its communicator (-1: the local rank's)
-  // The ZeroOptimizer (stage 1) that shards `optimizer` inside the group, if any: a recovery
+  // The ZeroOptimizer (stage 1 or 2) that shards `optimizer` inside the group, if any: a recovery
   // then carries its consolidated state (gathered inside the source group, each newcomer rank
   // keeping its pieces).
   ZeroOptimizer* zero = nullptr;
@@ -91,7 +91,8 @@ class FaultTolerance {
   // Before a step: the quorum it runs in (joining one first when there is none), the
   // communicators of a new quorum, and a recovery from (or for) a peer. Collective over the group.
   const comm::Quorum& start_step();
-  // After the group's own reduction: every gradient averaged over the quorum's groups. False
+  // After the group's own reduction: every gradient averaged over the quorum's groups (under
+  // ZeRO 1 or 2, the pieces this rank steps: those of the same place in every group). False
   // when it failed on any rank of this group (the step will be discarded); errors inside the
   // group are thrown. Collective over the group.
   bool average_gradients();
