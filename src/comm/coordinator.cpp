@@ -70,6 +70,7 @@ struct Coordinator::State {
     bool ok = false;
     std::int64_t step = 0;
     int group_size = 0;
+    std::string agreement;  // QuorumClientOptions::agreement
     bool answered = true;
   };
   struct Heartbeat {
@@ -122,6 +123,7 @@ struct Coordinator::State {
               field_int(fields, "ok", 0) == 1,
               field_int(fields, "step", 0),
               static_cast<int>(field_int(fields, "places", 0)),
+              fields.count("agree") ? decode_text(fields.at("agree")) : "",
               false};
     // A request is proof of life too.
     heartbeats[group] = {incarnation->second, Clock::now()};
@@ -222,13 +224,21 @@ struct Coordinator::State {
       waiting_since = Clock::time_point{};
       return;
     }
-    // Every member of one quorum must have as many ranks: place p talks to place p.
+    // Every member of one quorum must have as many ranks (place p talks to place p) and what
+    // the groups said they must share (QuorumClientOptions::agreement): the job ends naming both.
+    const Request& first = requests[next.front()];
     for (const int group : next) {
-      if (requests[group].group_size != requests[next.front()].group_size) {
-        const std::string why = "replica group " + std::to_string(group) + " has " +
-                                std::to_string(requests[group].group_size) + " ranks, group " + std::to_string(next.front()) +
-                                " has " + std::to_string(requests[next.front()].group_size) +
-                                " (every replica group has as many ranks)";
+      const Request& other = requests[group];
+      std::string why;
+      if (other.group_size != first.group_size) {
+        why = "replica group " + std::to_string(group) + " has " + std::to_string(other.group_size) + " ranks, group " +
+              std::to_string(next.front()) + " has " + std::to_string(first.group_size) +
+              " (every replica group has as many ranks)";
+      } else if (other.agreement != first.agreement) {
+        why = "replica group " + std::to_string(group) + " says '" + other.agreement + "', group " +
+              std::to_string(next.front()) + " says '" + first.agreement + "' (the groups of one job must agree)";
+      }
+      if (!why.empty()) {
         say(why);
         for (const int member : next) answer(member, "error=" + encode_text(why));
         return;

@@ -72,7 +72,8 @@ struct QuorumClient::State {
     GRADSYNC_CHECK(leader, "QuorumClient: only a group's leader (its rank 0) requests");
     const std::int64_t my_seq = ++seq;
     const std::string line = "inc=" + incarnation + " seq=" + std::to_string(my_seq) + " kind=" + kind +
-                             " places=" + std::to_string(options.group_size) + " " + fields;
+                             " places=" + std::to_string(options.group_size) +
+                             " agree=" + encode_text(options.agreement) + " " + fields;
     const std::string key = request_key(options.group);
     const auto deadline = Clock::now() + options.answer_timeout;
     auto posted = Clock::time_point{};

@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 
 #include "gradsync/comm/flight_recorder.h"
 #include "gradsync/comm/nccl.h"
 #include "gradsync/core/error.h"
 #include "gradsync/dist/replicas.h"
-#include "gradsync/io/checksum.h"
 #include "gradsync/dist/zero.h"
+#include "gradsync/io/checksum.h"
 
 namespace gradsync::dist {
 
@@ -48,6 +47,10 @@ FaultTolerance::FaultTolerance(ParameterRegistry& registry, optim::Optimizer* op
   GRADSYNC_CHECK(options_.samples_per_group >= 1, "FaultTolerance: samples_per_group must be positive, got ",
                  options_.samples_per_group);
   options_.coordinator.group_size = group.size();
+  // The data position only adds up when every group's step consumes as much, and a recovery
+  // only fits a model of the same size: the coordinator refuses a quorum that differs.
+  options_.coordinator.agreement = "samples_per_group=" + std::to_string(options_.samples_per_group) +
+                                   " parameters=" + std::to_string(registry.total_numel());
   client_ = std::make_unique<comm::QuorumClient>(options_.coordinator, group.rank() == 0);
 }
 
@@ -88,7 +91,6 @@ bool FaultTolerance::group_agrees(bool ok) {
 
 void FaultTolerance::join() {
   const auto started = Clock::now();
-  std::string failure;
   if (group_.rank() == 0) {
     try {
       quorum_ = client_->join(step_);
@@ -105,9 +107,9 @@ void FaultTolerance::join() {
 void FaultTolerance::connect_quorum() {
   if (connected_ == quorum_.id && cross_) return;
   const auto started = Clock::now();
+  cross_device_.reset();  // before the Gloo context it was bootstrapped through
   cross_.reset();
   connected_ = quorum_.id;
-  cross_device_.reset();
   try {
     cross_ = client_->connect(quorum_.id, "reduce", group_.rank(), quorum_.index, static_cast<int>(quorum_.members.size()));
     if (options_.cross_backend == "nccl") {

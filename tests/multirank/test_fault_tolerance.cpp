@@ -2,8 +2,8 @@
 // groups as threads of this process, each a world of one, and the coordinator in-process: the
 // average over the live groups, a group leaving mid-step (every survivor discards that step), a
 // replacement recovering bit for bit with the data position, a coordinator restart between
-// steps, and a quorum short of min_replicas. (Processes killed in each phase, under a launcher
-// that restarts them: tests/examples/fault_tolerance.sh.)
+// steps, a quorum short of min_replicas, and groups that disagree. (Processes killed in each
+// phase, under a launcher that restarts them: tests/examples/fault_tolerance.sh.)
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -31,6 +31,19 @@ comm::CoordinatorOptions coordinator_options(int groups, int min_replicas = 1) {
   return options;
 }
 
+// A group's options against the coordinator on `port`.
+dist::FaultToleranceOptions options_for(int port, int group) {
+  dist::FaultToleranceOptions options;
+  options.coordinator.port = port;
+  options.coordinator.group = group;
+  options.coordinator.token = "test-token";
+  options.coordinator.answer_timeout = Ms(20000);
+  options.coordinator.cross_options.timeout = Ms(5000);
+  options.coordinator.cross_options.rendezvous_timeout = Ms(3000);
+  options.samples_per_group = 10;
+  return options;
+}
+
 // One replica group of one rank: its model (w, 4 elements, starting at `start`), SGD, and its
 // side of the protocol.
 struct Group {
@@ -39,15 +52,7 @@ struct Group {
     registry.finalize();
     w.value().copy_from(Tensor::from_vector(std::vector<float>(4, start), {4}));
     optimizer = testing::make_test_optimizer("sgd", registry, {{"lr", 0.5}, {"momentum", 0.9}});
-    dist::FaultToleranceOptions options;
-    options.coordinator.port = port;
-    options.coordinator.group = id;
-    options.coordinator.token = "test-token";
-    options.coordinator.answer_timeout = Ms(20000);
-    options.coordinator.cross_options.timeout = Ms(5000);
-    options.coordinator.cross_options.rendezvous_timeout = Ms(3000);
-    options.samples_per_group = 10;
-    ft.emplace(registry, optimizer.get(), *comm, options);
+    ft.emplace(registry, optimizer.get(), *comm, options_for(port, id));
   }
   // One step with gradient `grad` everywhere; whether it committed.
   bool step(float grad) {
@@ -196,15 +201,39 @@ TEST(FaultTolerance, AQuorumShortOfMinReplicasNamesTheMissingGroups) {
   }
 }
 
+// Two groups whose steps consume different numbers of samples would deal the data apart: the
+// quorum is refused, and both groups end with the error naming both settings.
+TEST(FaultTolerance, GroupsThatDisagreeAreRefused) {
+  comm::Coordinator coordinator(coordinator_options(2));
+  std::vector<std::string> errors(2);
+  run_groups(2, [&](int g) {
+    auto comm = comm::gloo_tcp_store("127.0.0.1", 1, 0, 1);
+    ParameterRegistry registry;
+    registry.add("w", {4});
+    registry.finalize();
+    dist::FaultToleranceOptions options = options_for(coordinator.port(), g);
+    options.samples_per_group = g == 0 ? 10 : 12;
+    dist::FaultTolerance ft(registry, nullptr, *comm, options);
+    try {
+      ft.start_step();
+    } catch (const Error& error) {
+      errors[static_cast<std::size_t>(g)] = error.what();
+    }
+  });
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("says 'samples_per_group=12 parameters=4', group 0 says 'samples_per_group=10 parameters=4'"),
+              std::string::npos)
+        << error;
+  }
+}
+
 TEST(FaultTolerance, MpiAcrossGroupsIsRefusedWithItsReason) {
   comm::Coordinator coordinator(coordinator_options(1));
   auto comm = comm::gloo_tcp_store("127.0.0.1", 1, 0, 1);
   ParameterRegistry registry;
   registry.add("w", {2});
   registry.finalize();
-  dist::FaultToleranceOptions options;
-  options.coordinator.port = coordinator.port();
-  options.coordinator.token = "test-token";
+  dist::FaultToleranceOptions options = options_for(coordinator.port(), 0);
   options.cross_backend = "mpi";
   try {
     dist::FaultTolerance ft(registry, nullptr, *comm, options);

@@ -110,6 +110,10 @@ struct QuorumClientOptions {
   std::string token{};             // empty: coordinator_token(port)
   int group = 0;                   // this replica group, in [0, R)
   int group_size = 1;              // ranks per group (every group must have as many)
+  // What every group of the job must have alike, as text (FaultTolerance puts the samples a
+  // group's step consumes and the model's size there): a quorum whose groups differ is refused,
+  // every group ending with the error that names both.
+  std::string agreement{};
   // How often the leader says it is alive.
   std::chrono::milliseconds heartbeat_every{100};
   // How long a request waits for its answer (a quorum waits for its slowest member's vote), and
