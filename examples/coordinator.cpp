@@ -33,7 +33,9 @@ int main(int argc, char** argv) try {
                 "  --replica-groups R   --min-replicas M (1)\n"
                 "  --heartbeat-timeout-ms MS (2000: a member silent this long is taken for dead)\n"
                 "  --join-timeout-ms MS (10000: how long a forming quorum waits for more groups, and one short of\n"
-                "                       --min-replicas waits before it fails)   --quiet\n"
+                "                       --min-replicas waits before it fails)\n"
+                "  --vote-timeout-ms MS (2000: once a group reports a failed step, how long the silent ones are\n"
+                "                       waited for)   --quiet\n"
                 "  The groups present GRADSYNC_STORE_TOKEN when it is set (set it beyond one machine).\n");
     return 0;
   }
@@ -44,6 +46,7 @@ int main(int argc, char** argv) try {
   options.min_replicas = static_cast<int>(flags.integer("--min-replicas", 1));
   options.heartbeat_timeout = std::chrono::milliseconds(flags.integer("--heartbeat-timeout-ms", 2000));
   options.join_timeout = std::chrono::milliseconds(flags.integer("--join-timeout-ms", 10000));
+  options.vote_timeout = std::chrono::milliseconds(flags.integer("--vote-timeout-ms", 2000));
   options.quiet = flags.flag("--quiet");
   flags.finish();
   std::signal(SIGINT, on_signal);

@@ -90,6 +90,7 @@ struct Coordinator::State {
   std::vector<int> members;
   std::map<int, std::string> member_incarnation;
   Clock::time_point waiting_since{};  // the first unanswered request without a quorum
+  Clock::time_point failure_seen{};   // this round's first vote reporting a failure
   CoordinatorCounters counters;
   bool stopping = false;
   std::thread decider;
@@ -163,7 +164,22 @@ struct Coordinator::State {
         waiting_for.push_back(member);
       }
     }
-    if (!waiting_for.empty()) return;  // every live member votes first
+    if (!waiting_for.empty()) {
+      // Every live member votes first; but once a vote says the reduction failed, a member that
+      // stays silent past vote_timeout (hung, its heartbeat still beating) is left out.
+      bool failure_reported = false;
+      for (const int voter : voters) failure_reported = failure_reported || !requests[voter].ok;
+      if (!failure_reported) {
+        failure_seen = Clock::time_point{};
+        return;
+      }
+      if (failure_seen == Clock::time_point{}) failure_seen = now;
+      if (now - failure_seen < options.vote_timeout) return;
+      lost.insert(lost.end(), waiting_for.begin(), waiting_for.end());
+      say("quorum " + std::to_string(quorum_id) + ": groups " + join_ints(waiting_for) + " did not vote within " +
+          std::to_string(options.vote_timeout.count()) + " ms of a reported failure: left out");
+    }
+    failure_seen = Clock::time_point{};
     for (int group = 0; group < groups; ++group) {
       const Request& request = requests[group];
       if (request.answered || !alive(group, now) || std::find(voters.begin(), voters.end(), group) != voters.end()) continue;

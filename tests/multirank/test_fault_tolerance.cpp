@@ -1,8 +1,9 @@
 // Fault tolerance across replica groups (dist/fault_tolerance.h, comm/coordinator.h) with the
 // groups as threads of this process, each a world of one, and the coordinator in-process: the
 // average over the live groups, a group leaving mid-step (every survivor discards that step), a
-// replacement recovering bit for bit with the data position, a coordinator restart between
-// steps, a quorum short of min_replicas, and groups that disagree. (Processes killed in each
+// replacement recovering bit for bit with the data position, a hung group left out and coming
+// back, a coordinator restart between steps, a quorum short of min_replicas, and groups that
+// disagree. (Processes killed in each
 // phase, under a launcher that restarts them: tests/examples/fault_tolerance.sh.)
 #include <gtest/gtest.h>
 
@@ -47,22 +48,28 @@ dist::FaultToleranceOptions options_for(int port, int group) {
 // One replica group of one rank: its model (w, 4 elements, starting at `start`), SGD, and its
 // side of the protocol.
 struct Group {
-  Group(int id, int port, float start) : comm(comm::gloo_tcp_store("127.0.0.1", 1, 0, 1)) {
+  Group(int id, int port, float start) : Group(start, options_for(port, id)) {}
+  Group(float start, const dist::FaultToleranceOptions& options) : comm(comm::gloo_tcp_store("127.0.0.1", 1, 0, 1)) {
     Parameter& w = registry.add("w", {4});
     registry.finalize();
     w.value().copy_from(Tensor::from_vector(std::vector<float>(4, start), {4}));
     optimizer = testing::make_test_optimizer("sgd", registry, {{"lr", 0.5}, {"momentum", 0.9}});
-    ft.emplace(registry, optimizer.get(), *comm, options_for(port, id));
+    ft.emplace(registry, optimizer.get(), *comm, options);
   }
   // One step with gradient `grad` everywhere; whether it committed.
   bool step(float grad) {
-    ft->start_step();
+    ran_with = ft->start_step().members.size();
     registry.at("w").set_grad(Tensor::from_vector(std::vector<float>(4, grad), {4}));
     ft->average_gradients();
-    const bool committed = ft->should_commit();
+    committed = ft->should_commit();
     if (committed) optimizer->step();
     registry.zero_grad();
     return committed;
+  }
+  // Whether the last step committed in a quorum of every group, at `steps` steps or more: the
+  // same step for every group (they all ran and committed it), whatever the timing before.
+  bool finished(std::size_t groups, std::int64_t steps) const {
+    return committed && ran_with == groups && ft->step() >= steps;
   }
   std::vector<double> values() { return registry.at("w").value().to_double_vector(); }
 
@@ -70,6 +77,8 @@ struct Group {
   ParameterRegistry registry;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::optional<dist::FaultTolerance> ft;
+  std::size_t ran_with = 0;  // the groups in the last step's quorum
+  bool committed = false;    // the last step committed
 };
 
 // Runs body(group id) on one thread per group; rethrows the first failure.
@@ -117,7 +126,7 @@ TEST(FaultTolerance, ThreeGroupsAverageAndCommitTogether) {
 // values, recovers the survivors' state (values, momentum, step, position) and trains with them.
 TEST(FaultTolerance, ADeathIsDiscardedByAllAndAReplacementRecovers) {
   comm::Coordinator coordinator(coordinator_options(3));
-  std::atomic<int> survivors_at_step5{0};
+  std::atomic<int> survivors_as_two{0};
   std::vector<std::vector<double>> finals(3);
   std::vector<std::int64_t> positions(3);
   run_groups(3, [&](int g) {
@@ -127,9 +136,9 @@ TEST(FaultTolerance, ADeathIsDiscardedByAllAndAReplacementRecovers) {
         for (int step = 0; step < 2; ++step) EXPECT_TRUE(doomed.step(3.0f));
         doomed.ft->start_step();  // then it is gone: its leader says so, its sockets close
       }
-      while (survivors_at_step5 < 2) std::this_thread::sleep_for(Ms(5));
+      while (survivors_as_two < 2) std::this_thread::sleep_for(Ms(5));
       Group replacement(g, coordinator.port(), -7.0f);
-      while (replacement.ft->step() < 12) replacement.step(3.0f);
+      while (!replacement.finished(3, 12)) replacement.step(3.0f);
       finals[2] = replacement.values();
       positions[2] = replacement.ft->position();
       const auto events = replacement.ft->take_events();
@@ -138,15 +147,16 @@ TEST(FaultTolerance, ADeathIsDiscardedByAllAndAReplacementRecovers) {
     }
     Group group(g, coordinator.port(), 1.0f);
     int discarded = 0;
-    bool rejoined = false;  // the replacement was in a quorum with us
-    while (group.ft->step() < 12) {
+    bool as_two = false;
+    // Until the replacement is back (however long it takes to start), the two train on, slowly.
+    while (!group.finished(3, 12)) {
       if (!group.step(static_cast<float>(g + 1))) ++discarded;
-      if (group.ft->step() == 5 && group.ft->quorum().members.size() == 2) ++survivors_at_step5;
-      rejoined = rejoined || (discarded > 0 && group.ft->quorum().members.size() == 3);
-      // Two groups could finish before the replacement has started: they wait for it a little.
-      if (!rejoined && group.ft->step() >= 6) std::this_thread::sleep_for(Ms(20));
+      if (!as_two && group.committed && group.ran_with == 2 && group.ft->step() >= 5) {
+        as_two = true;
+        ++survivors_as_two;
+      }
+      if (as_two && group.ran_with == 2) std::this_thread::sleep_for(Ms(20));
     }
-    EXPECT_TRUE(rejoined) << "group " << g;
     EXPECT_GE(discarded, 1) << "group " << g;
     finals[static_cast<std::size_t>(g)] = group.values();
     positions[static_cast<std::size_t>(g)] = group.ft->position();
@@ -155,6 +165,43 @@ TEST(FaultTolerance, ADeathIsDiscardedByAllAndAReplacementRecovers) {
   EXPECT_EQ(finals[0], finals[2]);
   EXPECT_EQ(positions[0], positions[1]);
   EXPECT_EQ(positions[0], positions[2]);
+  EXPECT_GE(coordinator.counters().recoveries, 1);
+}
+
+// Group 2 hangs inside a step (its heartbeat still beating): the others' reduction times out,
+// they report it, and the coordinator leaves group 2 out vote_timeout later; the two go on. When
+// group 2 wakes, its reduction fails at once (the others have left that quorum), it votes late,
+// joins as a newcomer behind the others, recovers, and all three end alike.
+TEST(FaultTolerance, AHungGroupIsLeftOutAndComesBack) {
+  comm::CoordinatorOptions options = coordinator_options(3);
+  options.vote_timeout = Ms(300);
+  comm::Coordinator coordinator(options);
+  std::vector<std::vector<double>> finals(3);
+  std::vector<int> discarded(3, 0);
+  std::atomic<bool> hung_done{false};
+  run_groups(3, [&](int g) {
+    dist::FaultToleranceOptions mine = options_for(coordinator.port(), g);
+    mine.coordinator.cross_options.timeout = Ms(800);
+    Group group(1.0f, mine);
+    while (!group.finished(3, 10)) {
+      if (g == 2 && group.ft->step() == 3 && !hung_done) {
+        group.ft->start_step();
+        std::this_thread::sleep_for(Ms(2000));  // hung: no vote, no reduction
+        hung_done = true;
+        group.registry.at("w").set_grad(Tensor::from_vector(std::vector<float>(4, 3.0f), {4}));
+        EXPECT_FALSE(group.ft->average_gradients());  // the others left that quorum
+        EXPECT_FALSE(group.ft->should_commit());
+        group.registry.zero_grad();
+        continue;
+      }
+      if (!group.step(static_cast<float>(g + 1))) ++discarded[static_cast<std::size_t>(g)];
+      if (group.ran_with == 2) std::this_thread::sleep_for(Ms(20));  // two, until group 2 is back
+    }
+    finals[static_cast<std::size_t>(g)] = group.values();
+  });
+  EXPECT_GE(discarded[0], 1);
+  EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_EQ(finals[0], finals[2]);
   EXPECT_GE(coordinator.counters().recoveries, 1);
 }
 

@@ -10,7 +10,8 @@
 //    lost its place) or "vote" (a member of quorum Q: whether its cross-group reduction of this
 //    step succeeded);
 //  * the coordinator waits for every member's vote (a member whose heartbeat stops, or that says
-//    it leaves, is not waited for), then answers every requester under "ft/ans/<group>" at once
+//    it leaves, is not waited for; once a vote reports a failure, nobody is waited for longer
+//    than vote_timeout), then answers every requester under "ft/ans/<group>" at once
 //    with one decision: whether the step commits (every vote received said it succeeded), and
 //    the next quorum: its members (the live voters and the groups that asked to join, with at
 //    least min_replicas), its id (new whenever the members change or a step was discarded, so a
@@ -50,6 +51,11 @@ struct CoordinatorOptions {
   // (the start, a coordinator restart), and how long a quorum short of min_replicas waits
   // before it fails.
   std::chrono::milliseconds join_timeout{10000};
+  // Once a member has voted that its reduction failed, how long the others that have not voted
+  // are waited for: a member that hangs (its heartbeat still beating) is then left out, and
+  // comes back as a newcomer when it votes late. A step that nobody reported failing waits for
+  // every live member, however slow.
+  std::chrono::milliseconds vote_timeout{2000};
   bool quiet = false;              // no line per decision on stderr
 };
 
