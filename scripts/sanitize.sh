@@ -43,9 +43,6 @@ if [[ ! -f $dir/build.ninja ]]; then
   meson setup "$dir" -Db_sanitize=$sanitize -Db_lundef=false -Dbuildtype=debugoptimized -Dcuda=disabled \
     -Dbenchmarks=false -Dexamples=false >/dev/null
 fi
-echo "== building $dir ($(nproc) cores)"
-ninja -C "$dir" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; echo "== the $kind build failed"; exit 1; }
-
 tests=()
 all=false
 while (($#)); do
@@ -56,19 +53,46 @@ while (($#)); do
   esac
   shift
 done
+# The threaded tests TSan runs by default (below).
+tsan_tests=(gloo failures dist parallel join zero zero_model hsdp local_sgd diloco fault_tolerance staging devices store
+            reproducible split hierarchical powersgd)
+selected=("${tests[@]}")
+[[ $kind == tsan && ${#tests[@]} -eq 0 ]] && ! $all && selected=("${tsan_tests[@]}")
+
+# The programs the selected tests run, when each is a program of this build (a gtest binary):
+# a run of a few tests builds those alone, not every test of the tree (the TSan run of
+# scripts/test.sh uses 18 of them). Otherwise, or for whole suites, everything.
+targets_of() {
+  meson introspect "$dir" --tests | python3 -c '
+import json, os, sys
+build, names = os.path.realpath(sys.argv[1]), set(sys.argv[2:])
+programs = set()
+for test in json.load(sys.stdin):
+    if test["name"] in names:
+        program = os.path.realpath(test["cmd"][0])
+        if not program.startswith(build + os.sep):
+            sys.exit(0)  # a script: it may run anything, build it all
+        programs.add(os.path.relpath(program, build))
+print(" ".join(sorted(programs)))' "$dir" "$@"
+}
+targets=()
+((${#selected[@]})) && read -r -a targets <<<"$(targets_of "${selected[@]}")"
+echo "== building $dir ($(nproc) cores${targets:+, ${#targets[@]} test programs})"
+ninja -C "$dir" "${targets[@]}" >"$dir/build.log" 2>&1 ||
+  { tail -40 "$dir/build.log"; echo "== the $kind build failed"; exit 1; }
 
 # Longer timeouts: the instrumented code runs 2-15x slower.
 if ((${#tests[@]})); then
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 3 "${tests[@]}"
+  meson test -C "$dir" --no-rebuild --print-errorlogs --timeout-multiplier 3 "${tests[@]}"
 elif [[ $kind == asan ]]; then
   # Every unit and multirank test, less two sweeps' repeats (to keep scripts/test.sh inside CI's
   # time): ZeRO's 3-rank instances keep Adam (the uneven pieces every optimizer shares), and the
   # reproducible folds run on 2-4 ranks (5 adds one rank to the odd world 3 covers).
   # (Through GTEST_FILTER: the gtest programs read it, the suites' scripts do not.)
   GTEST_FILTER="-Cases/ZeroMatches.*/3_ranks_*_sgd_*:Cases/ZeroMatches.*/3_ranks_*_adamw_*:WorldsAndAlgorithms/Reproducible.*/5_ranks*" \
-    meson test -C "$dir" --print-errorlogs --timeout-multiplier 3 --suite unit --suite multirank
+    meson test -C "$dir" --no-rebuild --print-errorlogs --timeout-multiplier 3 --suite unit --suite multirank
 elif $all; then
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 --suite multirank
+  meson test -C "$dir" --no-rebuild --print-errorlogs --timeout-multiplier 4 --suite multirank
 else
   # The big sweeps of test_gloo (world 8, worlds 3-4 with 1M elements) take minutes under TSan
   # and add no thread interleaving the world-2 sweep lacks: --all runs them. Of Join's and
@@ -86,6 +110,6 @@ else
   # The reproducible folds on 4 and 5 ranks (150 s under TSan) repeat the 2- and 3-rank ones'
   # worlds with more thread pairs; 2 and 3 ranks run here.
   sweeps+=":WorldsAndAlgorithms/Reproducible.*/4_ranks*:WorldsAndAlgorithms/Reproducible.*/5_ranks*"
-  meson test -C "$dir" --print-errorlogs --timeout-multiplier 4 gloo failures dist parallel join zero zero_model hsdp local_sgd diloco fault_tolerance staging devices store reproducible split hierarchical powersgd \
+  meson test -C "$dir" --no-rebuild --print-errorlogs --timeout-multiplier 4 "${tsan_tests[@]}" \
     --test-args="--gtest_filter=-GlooWorld8.*:WorldSizes/GlooWorld.EveryCollectiveEveryDType/2:WorldSizes/GlooWorld.EveryCollectiveEveryDType/3:WorldSizes/GlooWorld.EveryCollectiveEveryDType/4:$sweeps"
 fi
