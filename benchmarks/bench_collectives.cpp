@@ -38,7 +38,7 @@
 #include "bench_common.h"
 #include "core/staging.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/comm/mpi.h"
+#include "gradsync/comm/mpi/mpi.h"
 #include "gradsync/config.h"
 #if GRADSYNC_WITH_NCCL
 #include <cuda_runtime.h>

@@ -22,7 +22,7 @@
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/sgd.h"
 

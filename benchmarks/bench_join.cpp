@@ -22,9 +22,9 @@
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/data_parallel.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/join.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/join/join.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/sgd.h"
 

@@ -26,8 +26,8 @@
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/data_parallel.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/sgd.h"
 

@@ -37,9 +37,9 @@
 
 #include "bench_common.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/data_parallel.h"
-#include "gradsync/dist/shard_groups.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
+#include "gradsync/dist/zero/shard_groups.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/adam.h"
 

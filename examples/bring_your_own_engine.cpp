@@ -29,7 +29,7 @@
 #include "common/flags.h"
 #include "common/metrics.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
 #include "gradsync/optim/sgd.h"
 
 using namespace gradsync;

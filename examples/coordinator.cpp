@@ -16,7 +16,7 @@
 #include "common/flags.h"
 #include "common/metrics.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/comm/coordinator.h"
+#include "gradsync/comm/quorum/coordinator.h"
 
 using namespace gradsync;
 

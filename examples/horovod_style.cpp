@@ -22,7 +22,7 @@
 
 #include "common/trainer_support.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
 #include "gradsync/nn/loss.h"
 #include "gradsync/optim/clip.h"
 

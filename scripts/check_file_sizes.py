@@ -4,7 +4,7 @@ docs/architecture.md lists it, with its one idea and why it is not split.
 
 The list is the table under the heading "## File sizes" of docs/architecture.md, one row a file:
 
-    | `src/dist/reducer.cpp` | the round engine ... | its parts share ... |
+    | `src/dist/reducer/reducer.cpp` | the round engine ... | its parts share ... |
 
 A row names a file by its repository path in backticks, then its one idea, then why it is not
 split; a row whose cells are empty is an error too. Every file over the limit and not listed is

@@ -5,7 +5,7 @@
 
 DIR holds the dumps (rank<R>.json) that ranks write into GRADSYNC_FLIGHT_RECORDER_DIR on a
 timeout, a collective mismatch or a lost peer, on SIGUSR1, or through
-comm::dump_flight_records (gradsync/comm/flight_recorder.h). For each communicator, by name:
+comm::dump_flight_records (gradsync/comm/records/flight_recorder.h). For each communicator, by name:
 
   * a mismatch: at the same sequence number, ranks that run different collectives (and, when a
     rank's operation is what the others run next, that it skipped one);

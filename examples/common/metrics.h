@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/comm/flight_recorder.h"
+#include "gradsync/comm/records/flight_recorder.h"
 
 namespace gradsync::examples {
 

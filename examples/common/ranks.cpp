@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/replicas.h"
+#include "gradsync/dist/replicas/replicas.h"
 #include "gradsync/io/checksum.h"
 
 namespace gradsync::examples {

@@ -20,7 +20,7 @@
 
 #include "flags.h"
 #include "trainer_support.h"
-#include "gradsync/dist/fault_tolerance.h"
+#include "gradsync/dist/fault_tolerance/fault_tolerance.h"
 
 namespace gradsync::examples {
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "flags.h"
-#include "gradsync/dist/diloco.h"
-#include "gradsync/dist/local_sgd.h"
-#include "gradsync/dist/shard_groups.h"
+#include "gradsync/dist/outer/diloco.h"
+#include "gradsync/dist/outer/local_sgd.h"
+#include "gradsync/dist/zero/shard_groups.h"
 
 namespace gradsync::examples {
 

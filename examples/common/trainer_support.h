@@ -21,7 +21,7 @@
 #include "flags.h"
 #include "metrics.h"
 #include "ranks.h"
-#include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/data_parallel/sync_strategy.h"
 #include "gradsync/nn/layers.h"
 #include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"

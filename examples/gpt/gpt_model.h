@@ -26,7 +26,7 @@
 
 #include "gpt_kernels.h"
 #include "gradsync/core/tensor.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/registry/parameter_registry.h"
 
 namespace gradsync::examples {

@@ -94,7 +94,7 @@ void require_agreement(const Descriptor& mine, const std::vector<Descriptor>& al
 void require_device(const Communicator& comm, const char* op, const Tensor& tensor) {
   GRADSYNC_CHECK(tensor.defined(), op, ": empty tensor handle");
   // A CPU communicator takes host tensors, and device tensors staged through pinned host
-  // memory (cpu_staging.cpp); NCCL takes tensors on its own GPU only.
+  // memory (comm/cpu/staging.cpp); NCCL takes tensors on its own GPU only.
   if (comm.device_type().is_cpu()) return;
   GRADSYNC_CHECK(tensor.device() == comm.device_type(), op, ": the ", comm.backend(), " communicator of rank ",
                  comm.rank(), " handles tensors on ", comm.device_type().str(), ", got ", tensor.describe(),

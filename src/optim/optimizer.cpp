@@ -154,7 +154,7 @@ std::uint32_t Optimizer::state_presence(const Parameter& parameter) const {
 
 void Optimizer::require_unsharded(const char* what) const {
   GRADSYNC_CHECK(!state_->sharded(), name(), "::", what, ": this optimizer is sharded (ZeRO): its state is spread over ",
-                 "the ranks; use the checkpoint functions of gradsync/dist/zero.h");
+                 "the ranks; use the checkpoint functions of gradsync/dist/zero/zero.h");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/data_parallel/sync_strategy.h"
 
 namespace gradsync::testing {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <tuple>
 
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "gradsync/core/device.h"
 #include "parameters.h"
 

@@ -15,7 +15,7 @@ fi
 mkdir -p "$build/fuzz/seeds"
 binary=$build/fuzz/store_parser_fuzz
 if ! "$clang" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$root/src" \
-    "$root/tests/fuzz/store_parser_fuzz.cpp" "$root/src/comm/store_protocol.cpp" -o "$binary" 2>"$build/fuzz/build.log"; then
+    "$root/tests/fuzz/store_parser_fuzz.cpp" "$root/src/comm/store/protocol.cpp" -o "$binary" 2>"$build/fuzz/build.log"; then
   if grep -q "libclang_rt.fuzzer\|fsanitize=fuzzer" "$build/fuzz/build.log"; then
     echo "skipped: clang++ here has no libFuzzer runtime (libclang-rt-dev)"
     exit 77

@@ -1,4 +1,4 @@
-// libFuzzer target: the rendezvous store's request parser (src/comm/store_protocol.h), the code
+// libFuzzer target: the rendezvous store's request parser (src/comm/store/protocol.h), the code
 // that reads whatever a stranger sends to rank 0's port. Every input is parsed as a connection
 // that has and has not presented the token; a complete request must lie within the buffer and
 // the caps, and must encode back to the bytes it was parsed from.
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "comm/store_protocol.h"
+#include "comm/store/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace store = gradsync::comm::store;

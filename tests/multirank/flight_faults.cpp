@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "gradsync/comm/connect.h"
-#include "gradsync/comm/flight_recorder.h"
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/comm/records/flight_recorder.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
 
 using namespace gradsync;
 

@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "gradsync/comm/connect.h"
-#include "gradsync/dist/diloco.h"
+#include "gradsync/dist/outer/diloco.h"
 #include "gradsync/kernels/ops.h"
 #include "peer_death.h"
 

@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/diloco.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/shard_groups.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/outer/diloco.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/shard_groups.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"

@@ -10,7 +10,7 @@
 
 #include "dist.h"
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
 #include "gradsync/optim/grad_scaler.h"
@@ -18,9 +18,9 @@
 #include "optimizers.h"
 #include "ranks_on_device.h"
 #include "test_util.h"
-#include "gradsync/dist/adasum.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/reducer.h"
+#include "gradsync/dist/horovod/adasum.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/reducer/reducer.h"
 #include "gradsync/optim/adam.h"
 #include "gradsync/optim/sgd.h"
 

@@ -11,9 +11,9 @@
 #include <optional>
 #include <thread>
 
-#include "gradsync/comm/coordinator.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/fault_tolerance.h"
+#include "gradsync/comm/quorum/coordinator.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/fault_tolerance/fault_tolerance.h"
 #include "optimizers.h"
 
 namespace gradsync {

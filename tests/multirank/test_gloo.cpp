@@ -1,7 +1,7 @@
 // Gloo with ranks as threads: every collective for every dtype at sizes 0, 1, odd and 1M on
 // world sizes 1, 2, 3, 4 and 8; async ordering; the timeout path; the debug-mode mismatch
 // path; argument errors; the file-store rendezvous.
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 
 #include <atomic>
 #include <barrier>
@@ -19,7 +19,7 @@
 #include "expectations.h"
 #include "gradsync/comm/agreement.h"
 #include "gradsync/comm/connect.h"
-#include "gradsync/comm/flight_recorder.h"
+#include "gradsync/comm/records/flight_recorder.h"
 
 namespace gradsync {
 namespace {
@@ -183,7 +183,7 @@ TEST(Gloo, AgreementRaisesTheSameErrorOnEveryRank) {
   }
 }
 
-// ---- The flight recorder (gradsync/comm/flight_recorder.h) ----------------------------------
+// ---- The flight recorder (gradsync/comm/records/flight_recorder.h) ----------------------------------
 
 nlohmann::json read_record(const std::filesystem::path& path) {
   std::ifstream in(path);

@@ -4,7 +4,7 @@
 // hierarchical, the front ends, and settings that differ across ranks.
 #include <gtest/gtest.h>
 
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "hierarchical.h"
 
 namespace gradsync {

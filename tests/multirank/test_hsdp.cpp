@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/shard_groups.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/shard_groups.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/nn/data_parallel_module.h"

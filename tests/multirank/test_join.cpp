@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/adam.h"

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/local_sgd.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/outer/local_sgd.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"

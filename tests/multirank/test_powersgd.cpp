@@ -1,4 +1,4 @@
-// PowerSGD (gradsync/dist/powersgd.h) against PyTorch's powerSGD_hook
+// PowerSGD (gradsync/dist/hooks/powersgd.h) against PyTorch's powerSGD_hook
 // (tests/reference/generate_powersgd_fixtures.py, torch 2.x): Gloo ranks as threads feed the
 // hook, step by step, the very bucket PyTorch's hook received, and compare what it returns (the
 // reduced gradients), its P and Q memories and each rank's error feedback, for 20 steps across
@@ -11,10 +11,10 @@
 
 #include <cmath>
 
-#include "dist/torch_random.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/powersgd.h"
+#include "dist/hooks/torch_random.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/hooks/powersgd.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/registry/parameter_registry.h"
 #include "optimizers.h"

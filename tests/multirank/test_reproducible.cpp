@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "reproducible.h"
 #include "test_util.h"
 

@@ -2,7 +2,7 @@
 // test_mpi.cpp): worlds 2 to 6, and 4 and 6 ranks as grids with two axes in flight at once.
 #include <gtest/gtest.h>
 
-#include "gradsync/comm/gloo.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "split.h"
 
 namespace gradsync {

@@ -1,4 +1,4 @@
-// The rendezvous store (src/comm/tcp_store.h) against hostile peers on loopback: strangers
+// The rendezvous store (src/comm/store/tcp_store.h) against hostile peers on loopback: strangers
 // without the job's token, malformed and oversized requests, floods of garbage, slow and
 // silent connections. Rank 0's memory and descriptors stay bounded, no exception leaves its
 // loop, and the job's own clients (a real Gloo rendezvous included) carry on.
@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/store_protocol.h"
-#include "comm/tcp_store.h"
-#include "comm/torch_store.h"
-#include "gradsync/comm/gloo.h"
+#include "comm/store/protocol.h"
+#include "comm/store/tcp_store.h"
+#include "comm/store/torch_store.h"
+#include "gradsync/comm/gloo/gloo.h"
 #include "test_util.h"
 
 namespace gradsync {

@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/io/checksum.h"
 #include "gradsync/io/registry_checkpoint.h"
 #include "gradsync/io/safetensors.h"

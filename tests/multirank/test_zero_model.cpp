@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "expectations.h"
-#include "gradsync/comm/gloo.h"
-#include "gradsync/dist/data_parallel.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/comm/gloo/gloo.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/io/checksum.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/io/safetensors_piece_writer.h"

@@ -12,7 +12,7 @@
 
 #include "dist.h"
 #include "expectations.h"
-#include "gradsync/dist/distributed_optimizer.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
 #include "gradsync/kernels/ops.h"
 #include "join.h"
 #include "optimizers.h"

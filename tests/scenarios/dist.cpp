@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "expectations.h"
-#include "gradsync/dist/adasum.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/reducer.h"
+#include "gradsync/dist/horovod/adasum.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/reducer/reducer.h"
 #include "gradsync/kernels/ops.h"
 #include "models.h"
 #include "optimizers.h"

@@ -1,4 +1,4 @@
-// Hierarchical allreduce on simulated nodes (hierarchical.h).
+// Hierarchical allreduce on simulated nodes (comm/cpu/hierarchical.h).
 #include "hierarchical.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Hierarchical allreduce (src/comm/hierarchical.h) on simulated nodes: ranks say which node they
+// Hierarchical allreduce (src/comm/cpu/hierarchical.h) on simulated nodes: ranks say which node they
 // run on through CommOptions::node; run on Gloo ranks-as-threads and on MPI processes.
 #pragma once
 

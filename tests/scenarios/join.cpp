@@ -1,4 +1,4 @@
-// The uneven-input scenarios (join.h).
+// The uneven-input scenarios (gradsync/dist/join/join.h).
 #include "join.h"
 
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 #include <memory>
 
 #include "expectations.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/kernels/ops.h"
 #include "gradsync/optim/clip.h"
 #include "models.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gradsync/comm/communicator.h"
-#include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/data_parallel/sync_strategy.h"
 
 namespace gradsync::testing {
 

@@ -1,9 +1,9 @@
 // Training loops with a death (peer_death.h).
 #include "peer_death.h"
 
-#include "gradsync/dist/data_parallel.h"
-#include "gradsync/dist/join.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
+#include "gradsync/dist/join/join.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/optim/sgd.h"
 #include "models.h"
 #include "optimizers.h"

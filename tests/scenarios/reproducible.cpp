@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "gradsync/dist/data_parallel.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
 #include "gradsync/kernels/ops.h"
 #include "models.h"
 #include "optimizers.h"

@@ -5,8 +5,8 @@
 
 #include "collectives.h"
 #include "dist.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/process_set.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/horovod/process_set.h"
 #include "gradsync/optim/sgd.h"
 #include "models.h"
 #include "expectations.h"

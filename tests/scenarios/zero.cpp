@@ -1,4 +1,4 @@
-// ZeRO's scenarios (zero.h).
+// ZeRO's scenarios (gradsync/dist/zero/zero.h).
 #include "zero.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "expectations.h"
-#include "gradsync/dist/distributed_optimizer.h"
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/horovod/distributed_optimizer.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/optim/clip.h"
 #include "models.h"
 #include "optimizers.h"

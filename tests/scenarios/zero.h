@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gradsync/comm/communicator.h"
-#include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/data_parallel/sync_strategy.h"
 
 namespace gradsync::testing {
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/operation_ledger.h"
+#include "comm/records/operation_ledger.h"
 #include "core/staging.h"
 #include "gradsync/core/stream.h"
 #include "test_util.h"

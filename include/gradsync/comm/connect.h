@@ -11,7 +11,7 @@
 //            torchrun-style variables, else a plain srun, else a world of one.
 // NCCL needs a CPU communicator once, to carry its unique id: MPI when launched by an MPI
 // launcher, else the Gloo rendezvous above; each rank takes the GPU of its local rank
-// (nccl.h), so only the device *type* of `device` matters. Call comm::nccl_communicator to pin
+// (gradsync/comm/nccl/nccl.h), so only the device *type* of `device` matters. Call comm::nccl_communicator to pin
 // a device yourself. docs/communication.md shows launching 1..N ranks on one machine and on
 // several, with mpirun, scripts/launch.sh, torchrun and srun.
 #pragma once

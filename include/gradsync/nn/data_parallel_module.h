@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "gradsync/comm/communicator.h"
-#include "gradsync/dist/sync_strategy.h"
+#include "gradsync/dist/data_parallel/sync_strategy.h"
 #include "gradsync/nn/module.h"
 
 namespace gradsync::nn {

@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "gradsync/dist/zero.h"
+#include "gradsync/dist/zero/zero.h"
 #include "gradsync/nn/layers.h"
 
 namespace gradsync::nn {

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../reduce_functions.h"
+#include "reduce_functions.h"
 #include "transport.h"
 
 namespace gradsync::comm::algorithms {

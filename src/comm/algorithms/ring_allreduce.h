@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../reduce_functions.h"
+#include "reduce_functions.h"
 #include "transport.h"
 
 namespace gradsync::comm::algorithms {

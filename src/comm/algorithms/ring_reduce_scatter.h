@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "../reduce_functions.h"
+#include "reduce_functions.h"
 #include "transport.h"
 
 namespace gradsync::comm::algorithms {

@@ -4,7 +4,7 @@
 // same weights.
 #include <gradsync/comm/connect.h>
 #include <gradsync/config.h>
-#include <gradsync/dist/data_parallel.h>
+#include <gradsync/dist/data_parallel/data_parallel.h>
 #include <gradsync/optim/sgd.h>
 #include <gradsync/registry/parameter_registry.h>
 

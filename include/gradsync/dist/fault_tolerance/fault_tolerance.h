@@ -1,0 +1,154 @@
+// gradsync/dist/fault_tolerance/fault_tolerance.h - training that goes on when a replica group dies: a quorum
+// every step, discarded steps, and live recovery from a healthy peer (torchft's Manager, in C++).
+//
+// The job is R replica groups, each training as ever over its own communicator (DataParallel,
+// ZeRO 1 or 2). Across the groups, every step runs in a quorum the coordinator decides
+// (comm/coordinator.h), and the step counts only when the coordinator says it commits:
+//
+//   dist::FaultTolerance ft(registry, &optimizer, group_comm, {.coordinator = {...}, .samples_per_group = B});
+//   while (ft.step() < steps) {
+//     ft.start_step();                          // the quorum; a newcomer recovers here
+//     train on samples [ft.first_sample(), +B)  // this group's share of the step's global batch
+//     (the group's own synchronization: DataParallel's backward)
+//     ft.average_gradients();                   // across the quorum's groups
+//     if (ft.should_commit()) optimizer.step(); // the coordinator's decision, the same for all
+//     registry.zero_grad();
+//   }
+//
+// What it guarantees (docs/fault_tolerance.md has the protocol):
+//  * a step whose cross-group reduction failed on any group is discarded by every group of the
+//    quorum (no group steps on a partial average), and the survivors go on in a new quorum with
+//    new communicators (Gloo, through the coordinator's store);
+//  * the average divides by the groups in the step's quorum; the data follows the global sample
+//    index: a step's global batch is the next `members x samples_per_group` samples, dealt to the
+//    members in their order, and only a committed step moves the position, so every sample of
+//    the stream is trained on exactly once by a committed step whatever dies;
+//  * a group behind the quorum (a replacement started by its launcher, or one that missed a
+//    commit) receives the values, the optimizer state, the step and the data position from a
+//    member that is up to date, rank by rank (place p from place p), checksummed (XXH64) and
+//    verified before it is adopted; a transfer that fails leaves the sender as it was and the
+//    receiver behind, to try again at the next quorum.
+// What it does not: make a run with failures bit for bit equal to one without (the steps after a
+// failure average fewer groups, over smaller global batches); survive a failure inside a group
+// (that group's ranks end, and its launcher restarts them as a newcomer); carry state it does not
+// know (an LR schedule's, a loss scaler's: derive them from step()).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradsync/comm/communicator.h"
+#include "gradsync/comm/quorum/coordinator.h"
+#include "gradsync/optim/optimizer.h"
+#include "gradsync/registry/parameter_registry.h"
+
+namespace gradsync::dist {
+
+class ZeroOptimizer;
+
+// Where the coordinator is, and what a step consumes.
+struct FaultToleranceOptions {
+  comm::QuorumClientOptions coordinator;  // where the coordinator is, and this group's number
+  std::int64_t samples_per_group = 1;     // samples one group trains on per step (all its ranks)
+  // The backend across the groups: "gloo" (a new context per quorum), or "nccl": device
+  // gradients averaged over an NCCL communicator made for each quorum (its unique id carried by
+  // the quorum's Gloo context; aborted when the quorum changes without settling), host ones over
+  // Gloo. "mpi" is refused: MPI cannot go on without a dead rank. Inside a group any backend.
+  std::string cross_backend = "gloo";
+  int cross_device = -1;  // "nccl": the GPU of its communicator (-1: the local rank's)
+  // The ZeroOptimizer (stage 1 or 2) that shards `optimizer` inside the group, if any: a recovery
+  // then carries its consolidated state (gathered inside the source group, each newcomer rank
+  // keeping its pieces).
+  ZeroOptimizer* zero = nullptr;
+};
+
+// Something that happened across the groups, for the metrics and the logs.
+struct FaultToleranceEvent {
+  std::string kind;        // "quorum" (a new one), "discarded", "recovered", "sent", "failed"
+  std::int64_t step = 0;   // committed steps at the time
+  std::int64_t quorum = -1;  // the quorum it happened in
+  double seconds = 0;      // since the FaultTolerance was made
+  double took = 0;         // what it cost: a transfer's or a new quorum's seconds
+  std::string detail;      // the members, the peer, the error
+};
+
+// One replica group's side of the protocol (above): the quorum, the cross-group average, the
+// commit, the recovery.
+class FaultTolerance {
+ public:
+  // Collective over `group`, this replica group's ranks (its rank 0 talks to the coordinator).
+  // `optimizer` may be null (values only).
+  FaultTolerance(ParameterRegistry& registry, optim::Optimizer* optimizer, comm::Communicator& group,
+                 FaultToleranceOptions options);
+  // A leader leaving tells the coordinator at once (finished, or failing inside its group).
+  ~FaultTolerance();
+  FaultTolerance(const FaultTolerance&) = delete;
+  FaultTolerance& operator=(const FaultTolerance&) = delete;
+
+  // Before a step: the quorum it runs in (joining one first when there is none), the
+  // communicators of a new quorum, and a recovery from (or for) a peer. Collective over the group.
+  const comm::Quorum& start_step();
+  // After the group's own reduction: every gradient averaged over the quorum's groups (under
+  // ZeRO 1 or 2, the pieces this rank steps: those of the same place in every group). False
+  // when it failed on any rank of this group (the step will be discarded); errors inside the
+  // group are thrown. Collective over the group.
+  bool average_gradients();
+  // The coordinator's decision on this step, the same in every group: true, step the optimizer;
+  // false, discard the gradients. Collective over the group.
+  bool should_commit();
+
+  std::int64_t step() const { return step_; }              // committed steps
+  std::int64_t position() const { return position_; }      // samples consumed by committed steps
+  // This step's share of the global batch: samples [first_sample(), first_sample() +
+  // samples_per_group) of the stream (valid after start_step()).
+  std::int64_t first_sample() const;
+  const comm::Quorum& quorum() const { return quorum_; }   // the current quorum
+  int group() const { return options_.coordinator.group; } // this replica group
+  double seconds() const;  // since this object was made (the clock of the events' `seconds`)
+  // What happened so far, in order; take_events() hands them over and forgets them.
+  std::vector<FaultToleranceEvent> take_events();
+
+ private:
+  void join();
+  void connect_quorum();
+  void recover();
+  struct Snapshot {  // what a source sends
+    std::vector<io::NamedTensor> tensors;
+    io::Metadata metadata;
+    std::uint64_t digest = 0;
+  };
+  struct Received {  // what a newcomer received, before it adopts it
+    std::int64_t step = 0, position = 0;
+    std::vector<io::NamedTensor> tensors;
+    io::Metadata metadata;
+    std::uint64_t digest = 0;
+  };
+  Snapshot snapshot();
+  void send_state(comm::Communicator& pair, Snapshot& snapshot);
+  Received receive_state(comm::Communicator& pair, int source);
+  void broadcast_quorum();
+  bool group_agrees(bool ok);
+  void event(const std::string& kind, double took, const std::string& detail);
+
+  ParameterRegistry& registry_;
+  optim::Optimizer* optimizer_;
+  comm::Communicator& group_;
+  FaultToleranceOptions options_;
+  std::unique_ptr<comm::QuorumClient> client_;
+  comm::Quorum quorum_;
+  bool in_quorum_ = false;     // quorum_ is the next step's (from the last decision)
+  std::int64_t connected_ = -1;  // the quorum id cross_ belongs to
+  std::unique_ptr<comm::Communicator> cross_;
+  std::unique_ptr<comm::Communicator> cross_device_;  // "nccl": over cross_'s ranks, for device arenas
+  bool step_ok_ = true;        // nothing failed across the groups in this step so far
+  std::int64_t step_ = 0;
+  std::int64_t position_ = 0;
+  int failed_recoveries_ = 0;  // in a row
+  std::chrono::steady_clock::time_point made_;
+  std::vector<FaultToleranceEvent> events_;
+};
+
+}  // namespace gradsync::dist
