@@ -36,7 +36,12 @@ int main(int argc, char** argv) try {
                 "                       --min-replicas waits before it fails)\n"
                 "  --vote-timeout-ms MS (2000: once a group reports a failed step, how long the silent ones are\n"
                 "                       waited for)   --quiet\n"
-                "  The groups present GRADSYNC_STORE_TOKEN when it is set (set it beyond one machine).\n");
+                "  --state-file PATH    (keeps the high-water mark, the highest step a quorum reached, across\n"
+                "                       this program's restarts: no quorum ever forms below it)\n"
+                "  --accept-lost-steps  (a quorum may form below the high-water mark: the groups restarted from a\n"
+                "                       checkpoint on purpose; without it they end naming the lost step)\n"
+                "  The groups present GRADSYNC_STORE_TOKEN when it is set; listening beyond loopback (--bind)\n"
+                "  needs it.\n");
     return 0;
   }
   comm::CoordinatorOptions options;
@@ -47,6 +52,8 @@ int main(int argc, char** argv) try {
   options.heartbeat_timeout = std::chrono::milliseconds(flags.integer("--heartbeat-timeout-ms", 2000));
   options.join_timeout = std::chrono::milliseconds(flags.integer("--join-timeout-ms", 10000));
   options.vote_timeout = std::chrono::milliseconds(flags.integer("--vote-timeout-ms", 2000));
+  options.state_file = flags.text("--state-file", "");
+  options.accept_lost_steps = flags.flag("--accept-lost-steps");
   options.quiet = flags.flag("--quiet");
   flags.finish();
   std::signal(SIGINT, on_signal);
@@ -56,10 +63,12 @@ int main(int argc, char** argv) try {
               options.min_replicas, coordinator.port());
   while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const comm::CoordinatorCounters counters = coordinator.counters();
-  std::printf("coordinator: %lld decisions, %lld steps committed, %lld discarded, %lld quorum changes, %lld recoveries\n",
+  std::printf("coordinator: %lld decisions, %lld steps committed, %lld discarded, %lld quorum changes, %lld recoveries, "
+              "high-water mark %lld, %lld groups refused, %lld incarnations superseded\n",
               static_cast<long long>(counters.decisions), static_cast<long long>(counters.commits),
               static_cast<long long>(counters.discards), static_cast<long long>(counters.quorum_changes),
-              static_cast<long long>(counters.recoveries));
+              static_cast<long long>(counters.recoveries), static_cast<long long>(counters.high_water),
+              static_cast<long long>(counters.refused), static_cast<long long>(counters.superseded));
   return 0;
 } catch (const std::exception& error) {
   return comm::report_fatal_error("coordinator", error);

@@ -43,10 +43,12 @@ fail() {
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
 
-# start_coordinator PORT MIN_REPLICAS JOIN_TIMEOUT_MS
+# start_coordinator PORT MIN_REPLICAS JOIN_TIMEOUT_MS [again]: a new job's coordinator, or with
+# `again` the same job's started again (its state file keeps the high-water mark).
 start_coordinator() {
+  [[ ${4:-} == again ]] || rm -f "$scratch/coordinator.state"
   "$examples/coordinator" --port "$1" --replica-groups 3 --min-replicas "$2" --heartbeat-timeout-ms 1000 \
-    --join-timeout-ms "$3" >> "$scratch/coordinator.log" 2>&1 &
+    --join-timeout-ms "$3" --state-file "$scratch/coordinator.state" >> "$scratch/coordinator.log" 2>&1 &
   coordinator=$!
   pids+=("$coordinator")
 }
@@ -150,14 +152,23 @@ case $case_name in
     sleep 2
     kill -KILL "$coordinator"
     echo "== the coordinator killed at 2 s"
+    had_state=false  # a step committed before the kill: the mark was saved, and must be read back
+    [[ -f $scratch/coordinator.state ]] && had_state=true
     sleep 1
-    start_coordinator "$port" 1 3000
+    start_coordinator "$port" 1 3000 again
     status=0
     for a in "${agents[@]}"; do wait "$a" || status=1; done
     kill -TERM "$coordinator" 2>/dev/null
     grep -v "waiting for groups" "$scratch/coordinator.log" | sed 's/^/   coordinator: /' | head
     for g in 0 1 2; do grep -E "done at" "$scratch/group$g.log" | sed "s/^/   group $g: /"; done
     ((status == 0)) || { fail "coordinator_restart: a group did not finish"; tail -20 "$scratch"/group*.log; }
+    if $had_state; then
+      grep -q "the high-water mark from $scratch/coordinator.state: step [1-9]" "$scratch/coordinator.log" ||
+        fail "coordinator_restart: the restarted coordinator did not read the high-water mark from its state file"
+    fi
+    wait "$coordinator" 2>/dev/null
+    grep -q "^high_water=[1-9]" "$scratch/coordinator.state" ||
+      fail "coordinator_restart: the coordinator left no high-water mark in its state file"
     python3 "$source/tests/examples/check_samples.py" "$scratch/records.jsonl" --at-least $((1437 * epochs)) ||
       fail "coordinator_restart: samples"
     same_finals coordinator_restart

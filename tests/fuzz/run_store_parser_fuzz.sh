@@ -23,9 +23,10 @@ if ! "$clang" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitiz
   cat "$build/fuzz/build.log"
   exit 1
 fi
-# Seeds: a hello, a set, a get, as the clients send them.
+# Seeds: a hello, a set, a get, a delete, as the clients send them.
 printf 'H\x10\x00\x00\x00\x05\x00\x00\x00gradsync-store/2token' > "$build/fuzz/seeds/hello"
 printf 'S\x06\x00\x00\x00\x03\x00\x00\x00rank/3abc' > "$build/fuzz/seeds/set"
 printf 'G\x06\x00\x00\x00\x00\x00\x00\x00dup0/1' > "$build/fuzz/seeds/get"
+printf 'D\x06\x00\x00\x00\x00\x00\x00\x00ft/q3/' > "$build/fuzz/seeds/delete"
 mkdir -p "$build/fuzz/corpus"
 exec "$binary" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$build/fuzz/corpus" "$build/fuzz/seeds"

@@ -3,18 +3,24 @@
 // average over the live groups, a group leaving mid-step (every survivor discards that step), a
 // replacement recovering bit for bit with the data position, a hung group left out and coming
 // back, a coordinator restart between steps, a quorum short of min_replicas, and groups that
-// disagree. (Processes killed in each
-// phase, under a launcher that restarts them: tests/examples/fault_tolerance.sh.)
+// disagree; never backwards (a recovery source that hangs as the recovery starts is waited for,
+// every group lost ends naming the lost step, across a coordinator restart too), a newcomer that
+// disagrees refused alone, a second copy of a group superseding the first. (Processes killed in
+// each phase, under a launcher that restarts them: tests/examples/fault_tolerance.sh.)
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <optional>
 #include <thread>
+#include <unistd.h>
 
 #include "gradsync/comm/quorum/coordinator.h"
 #include "gradsync/comm/gloo/gloo.h"
+#include "comm/store/tcp_store.h"
 #include "gradsync/dist/fault_tolerance/fault_tolerance.h"
 #include "optimizers.h"
+#include "test_util.h"
 
 namespace gradsync {
 namespace {
@@ -272,6 +278,313 @@ TEST(FaultTolerance, GroupsThatDisagreeAreRefused) {
               std::string::npos)
         << error;
   }
+}
+
+// Never backwards. Group 0 trains alone to step 5; group 1 arrives and is to recover from it, but
+// group 0 hangs just then (its heartbeat beating): group 1's rendezvous and recovery fail and it
+// votes so, and the coordinator leaves group 0 out after vote_timeout. A quorum of group 1 alone
+// would be at step 0, below the high-water mark: none forms while group 0 lives. When group 0
+// wakes, both meet at step 5, group 1 recovers, and both end alike.
+TEST(FaultTolerance, ARecoverySourceThatHangsIsWaitedForNeverSteppingBack) {
+  comm::CoordinatorOptions options = coordinator_options(2);
+  options.join_timeout = Ms(300);
+  options.vote_timeout = Ms(200);
+  comm::Coordinator coordinator(options);
+  std::atomic<bool> at_five{false};
+  std::vector<std::vector<double>> finals(2);
+  std::vector<std::int64_t> lowest_quorum_step(2, 1 << 30);
+  run_groups(2, [&](int g) {
+    dist::FaultToleranceOptions mine = options_for(coordinator.port(), g);
+    mine.coordinator.cross_options.timeout = Ms(500);
+    mine.coordinator.cross_options.rendezvous_timeout = Ms(500);
+    if (g == 1) {
+      while (!at_five) std::this_thread::sleep_for(Ms(5));
+    }
+    Group group(g == 0 ? 1.0f : -7.0f, mine);
+    bool hung = false;
+    while (!group.finished(2, 9)) {
+      if (g == 0 && !hung && group.ft->quorum().members.size() == 2) {
+        hung = true;
+        std::this_thread::sleep_for(Ms(1500));  // the source hangs as the recovery starts
+      }
+      group.step(static_cast<float>(g + 1));
+      if (group.ft->step() >= 5) at_five = true;
+      if (g == 1) lowest_quorum_step[1] = std::min(lowest_quorum_step[1], group.ft->quorum().step);
+    }
+    finals[static_cast<std::size_t>(g)] = group.values();
+  });
+  EXPECT_GE(lowest_quorum_step[1], 5) << "group 1 was given a quorum below the high-water mark";
+  EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_GE(coordinator.counters().high_water, 9);
+  EXPECT_GE(coordinator.counters().recoveries, 2);  // the first recovery failed, the second landed
+}
+
+// Every group lost at step 4: fresh groups (at step 0) are not given a quorum; they end with an
+// error naming the lost step, also from a coordinator started again over its state file. With
+// accept_lost_steps (a restart from a checkpoint, on purpose) they go on from step 0.
+TEST(FaultTolerance, EveryGroupLostEndsNamingTheLostStep) {
+  const std::string state_file =
+      (std::filesystem::temp_directory_path() / ("gradsync-coordinator-" + std::to_string(getpid()) + ".state")).string();
+  std::filesystem::remove(state_file);
+  comm::CoordinatorOptions options = coordinator_options(2);
+  options.join_timeout = Ms(300);
+  options.state_file = state_file;
+  const auto fresh_groups_fail = [&](int port) {
+    std::vector<std::string> errors(2);
+    run_groups(2, [&](int g) {
+      try {
+        Group group(g, port, 0.0f);
+        group.step(1.0f);
+      } catch (const Error& error) {
+        errors[static_cast<std::size_t>(g)] = error.what();
+      }
+    });
+    for (const std::string& error : errors) {
+      EXPECT_NE(error.find("step 4 is lost: it is the highest step this job's quorums reached"), std::string::npos)
+          << error;
+    }
+  };
+  {
+    comm::Coordinator coordinator(options);
+    run_groups(2, [&](int g) {
+      Group group(g, coordinator.port(), 1.0f);
+      while (group.ft->step() < 4) group.step(1.0f);
+    });
+    fresh_groups_fail(coordinator.port());
+    EXPECT_EQ(coordinator.counters().high_water, 4);
+  }
+  {
+    comm::Coordinator again(options);  // only the state file remembers step 4
+    EXPECT_EQ(again.counters().high_water, 4);
+    fresh_groups_fail(again.port());
+  }
+  options.accept_lost_steps = true;
+  comm::Coordinator from_checkpoint(options);
+  run_groups(2, [&](int g) {
+    Group group(g, from_checkpoint.port(), 0.0f);
+    while (group.ft->step() < 2) group.step(1.0f);
+  });
+  EXPECT_EQ(from_checkpoint.counters().high_water, 2);
+  std::filesystem::remove(state_file);
+}
+
+// A newcomer started with another batch is refused alone: the two groups training go on without
+// a discarded step, and the newcomer's error names both settings.
+TEST(FaultTolerance, ANewcomerThatDisagreesIsRefusedAlone) {
+  comm::CoordinatorOptions options = coordinator_options(3);
+  options.join_timeout = Ms(300);
+  comm::Coordinator coordinator(options);
+  std::atomic<bool> at_three{false};
+  std::atomic<bool> refused{false};
+  std::string refusal;  // read once every thread has ended
+  run_groups(3, [&](int g) {
+    if (g == 2) {
+      while (!at_three) std::this_thread::sleep_for(Ms(5));
+      dist::FaultToleranceOptions other = options_for(coordinator.port(), 2);
+      other.samples_per_group = 12;
+      try {
+        Group stranger(1.0f, other);
+        stranger.step(1.0f);
+      } catch (const Error& error) {
+        refusal = error.what();
+      }
+      refused = true;
+      return;
+    }
+    Group group(g, coordinator.port(), 1.0f);
+    while (group.ft->step() < 8) {
+      EXPECT_TRUE(group.step(1.0f)) << "group " << g << " lost a step to the newcomer";
+      if (group.ft->step() >= 3) at_three = true;
+      if (!refused) std::this_thread::sleep_for(Ms(10));
+    }
+  });
+  EXPECT_NE(refusal.find("replica group 2 says 'samples_per_group=12 parameters=4', the job's groups 0,1 say "
+                         "'samples_per_group=10 parameters=4' (the groups of one job must agree): this group is "
+                         "refused, the others go on"),
+            std::string::npos)
+      << refusal;
+  EXPECT_EQ(coordinator.counters().discards, 0);
+  EXPECT_EQ(coordinator.counters().refused, 1);
+}
+
+// A second copy of group 1 starts while the first still trains (a process its launcher did not
+// stop): the first is superseded and ends at its next request, naming both incarnations; the
+// second recovers from group 0 and both end alike. The two copies never take turns.
+TEST(FaultTolerance, ASecondCopyOfAGroupSupersedesTheFirst) {
+  comm::Coordinator coordinator(coordinator_options(2));
+  std::atomic<bool> at_three{false};
+  std::atomic<bool> first_copy_ended{false};
+  std::string ended_with;
+  std::vector<std::vector<double>> finals(2);
+  run_groups(3, [&](int g) {
+    if (g == 2) {  // the second copy of group 1
+      while (!at_three) std::this_thread::sleep_for(Ms(5));
+      Group copy(1, coordinator.port(), -7.0f);
+      while (!copy.finished(2, 10)) copy.step(2.0f);
+      finals[1] = copy.values();
+      return;
+    }
+    Group group(g, coordinator.port(), 1.0f);
+    try {
+      while (!group.finished(2, 10)) {
+        group.step(static_cast<float>(g + 1));
+        if (group.ft->step() >= 3) at_three = true;
+        if (g == 1 && at_three) std::this_thread::sleep_for(Ms(20));
+      }
+    } catch (const Error& error) {
+      ended_with = error.what();
+      first_copy_ended = true;
+      return;
+    }
+    if (g == 0) finals[0] = group.values();
+  });
+  EXPECT_TRUE(first_copy_ended);
+  EXPECT_NE(ended_with.find("replica group 1: this process (incarnation "), std::string::npos) << ended_with;
+  EXPECT_NE(ended_with.find("was superseded by a newer incarnation of the same group"), std::string::npos) << ended_with;
+  EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_EQ(coordinator.counters().superseded, 1);
+}
+
+// A hung group costs a heartbeat, not the cross-group timeout. Group 2 stops inside a step and
+// says nothing more (its heartbeat beats only once a minute here, so its requests were its proof
+// of life, as for a SIGSTOPped or partitioned process). The others, waiting on it in the
+// cross-group reduction, are told by the coordinator once group 2 has been silent for the
+// heartbeat timeout, give the reduction up, discard the step and commit the next one as two,
+// well before the 5 s cross-group timeout. When group 2 wakes, it comes back and recovers.
+TEST(FaultTolerance, AHungGroupCostsAHeartbeatNotTheCrossTimeout) {
+  comm::CoordinatorOptions options = coordinator_options(3);
+  options.heartbeat_timeout = Ms(1000);
+  options.join_timeout = Ms(300);
+  comm::Coordinator coordinator(options);
+  using Clock = std::chrono::steady_clock;
+  std::atomic<std::int64_t> stopped_at{0};  // steady clock, ns
+  std::vector<double> next_commit_after(2, 0.0);
+  std::vector<std::vector<double>> finals(3);
+  run_groups(3, [&](int g) {
+    dist::FaultToleranceOptions mine = options_for(coordinator.port(), g);
+    mine.coordinator.cross_options.timeout = Ms(5000);
+    if (g == 2) mine.coordinator.heartbeat_every = Ms(60000);
+    Group group(1.0f, mine);
+    bool stopped = false;
+    while (!group.finished(3, 10)) {
+      if (g == 2 && !stopped && group.ft->step() == 3) {
+        stopped = true;
+        group.ft->start_step();
+        stopped_at = Clock::now().time_since_epoch().count();
+        std::this_thread::sleep_for(Ms(3500));  // stopped: no reduction, no vote, no heartbeat
+        group.registry.at("w").set_grad(Tensor::from_vector(std::vector<float>(4, 3.0f), {4}));
+        EXPECT_FALSE(group.ft->average_gradients());  // the others gave that quorum up
+        EXPECT_FALSE(group.ft->should_commit());
+        group.registry.zero_grad();
+        continue;
+      }
+      const std::int64_t began = Clock::now().time_since_epoch().count();
+      const bool committed = group.step(static_cast<float>(g + 1));
+      const std::int64_t since = stopped_at;
+      // The first commit of a step begun after group 2 stopped (one begun before may still land).
+      if (g < 2 && committed && since != 0 && began > since && next_commit_after[static_cast<std::size_t>(g)] == 0.0) {
+        next_commit_after[static_cast<std::size_t>(g)] = static_cast<double>(Clock::now().time_since_epoch().count() - since) * 1e-9;
+      }
+      if (group.ran_with == 2) std::this_thread::sleep_for(Ms(20));  // two, until group 2 is back
+    }
+    finals[static_cast<std::size_t>(g)] = group.values();
+  });
+  for (int g = 0; g < 2; ++g) {
+    // The heartbeat timeout (1 s) and a step or two; the cross-group timeout would be 5 s.
+    EXPECT_GT(next_commit_after[static_cast<std::size_t>(g)], 0.0) << "group " << g;
+    EXPECT_LT(next_commit_after[static_cast<std::size_t>(g)], 2.5) << "group " << g;
+    std::printf("group %d: the next commit %.3f s after group 2 stopped\n", g, next_commit_after[static_cast<std::size_t>(g)]);
+  }
+  EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_EQ(finals[0], finals[2]);
+}
+
+// A quorum's keys (its Gloo rendezvous) go when the next quorum forms: over many quorum changes
+// (each round the keys a rendezvous leaves, a real one every 100th, then a vote that fails, so a
+// new quorum) the store's size stays flat. GRADSYNC_TEST_QUORUM_CHANGES sets the rounds (100000
+// by hand, for the note).
+TEST(FaultTolerance, TheStoreStaysFlatOverQuorumChanges) {
+  comm::Coordinator coordinator(coordinator_options(1));
+  comm::QuorumClientOptions options = options_for(coordinator.port(), 0).coordinator;
+  comm::QuorumClient client(options, /*leader=*/true);
+  const char* rounds_text = std::getenv("GRADSYNC_TEST_QUORUM_CHANGES");
+  const int rounds = rounds_text != nullptr ? std::atoi(rounds_text) : 1000;
+  comm::Quorum quorum = client.join(0);
+  comm::TcpStore rendezvous("127.0.0.1", coordinator.port(), false, Ms(5000), "test-token");
+  std::int64_t most = 0;
+  for (int round = 0; round < rounds; ++round) {
+    if (round % 100 == 0) {
+      client.connect(quorum.id, "reduce", 0, 0, 1);  // a real rendezvous now and then
+    } else {  // else what a rendezvous of 3 ranks leaves, without its cost
+      for (int rank = 0; rank < 3; ++rank) {
+        rendezvous.set("ft/q" + std::to_string(quorum.id) + "/reduce/p0/" + std::to_string(rank), std::vector<char>(1000, 'a'));
+      }
+    }
+    quorum = client.vote(quorum, 0, /*ok=*/false);
+    most = std::max(most, coordinator.counters().store_bytes);
+  }
+  EXPECT_GE(coordinator.counters().quorum_changes, rounds);
+  // One or two quorums' keys (3 kB each), the group's request, answer and heartbeat, whatever the
+  // rounds; without the cleanup, 1000 rounds leave 3 MB.
+  EXPECT_LE(most, 16 * 1024) << "the store grew over " << rounds << " quorum changes";
+}
+
+// A token holder fills the coordinator's store: the groups' requests (or the next quorum's
+// rendezvous) no longer fit, and every group ends within a second with the error naming the bound
+// (the store refusing its request, or the coordinator saying the store is full), never a loop of
+// discarded quorums.
+TEST(FaultTolerance, AFullStoreEndsEveryGroupNamingTheBound) {
+  const testing::ScopedVariable limit("GRADSYNC_STORE_MAX_MB", "4");
+  comm::Coordinator coordinator(coordinator_options(2));
+  std::atomic<bool> at_three{false};
+  std::atomic<bool> filled{false};
+  std::vector<std::string> errors(2);
+  std::vector<double> seconds(2);
+  std::thread filler([&] {
+    while (!at_three) std::this_thread::sleep_for(Ms(2));
+    comm::TcpStore holder("127.0.0.1", coordinator.port(), false, Ms(5000), "test-token");
+    // Mebibytes until one is refused, then kibibytes, then bytes: the store full to its last byte.
+    for (const std::size_t size : {std::size_t{1} << 20, std::size_t{1} << 10, std::size_t{1}}) {
+      try {
+        for (int i = 0; i < 100000; ++i) holder.set("junk/" + std::to_string(size) + "/" + std::to_string(i), std::vector<char>(size, 'x'));
+      } catch (const Error&) {  // refused: full
+      }
+    }
+    filled = true;
+  });
+  run_groups(2, [&](int g) {
+    Group group(g, coordinator.port(), 1.0f);
+    std::optional<std::chrono::steady_clock::time_point> since;
+    try {
+      for (int step = 0; step < 3000; ++step) {
+        group.step(1.0f);
+        if (group.ft->step() >= 3) at_three = true;
+        if (filled && !since) since = std::chrono::steady_clock::now();
+      }
+    } catch (const Error& error) {
+      errors[static_cast<std::size_t>(g)] = error.what();
+      if (since) seconds[static_cast<std::size_t>(g)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - *since).count();
+    }
+  });
+  filler.join();
+  for (int g = 0; g < 2; ++g) {
+    EXPECT_NE(errors[static_cast<std::size_t>(g)].find("GRADSYNC_STORE_MAX_MB"), std::string::npos)
+        << "group " << g << ": '" << errors[static_cast<std::size_t>(g)] << "'";
+    EXPECT_LT(seconds[static_cast<std::size_t>(g)], 1.0);
+  }
+}
+
+// A coordinator listening beyond loopback without a secret refuses to start, naming the variable:
+// the token derived from its port is no secret. With GRADSYNC_STORE_TOKEN it serves.
+TEST(FaultTolerance, BeyondLoopbackTheCoordinatorNeedsASecret) {
+  if (std::getenv("GRADSYNC_STORE_TOKEN") != nullptr) GTEST_SKIP() << "GRADSYNC_STORE_TOKEN is set in this environment";
+  comm::CoordinatorOptions options = coordinator_options(1);
+  options.token.clear();
+  options.bind_host = "";  // every interface
+  EXPECT_GRADSYNC_ERROR(comm::Coordinator{options}, "has no secret token: set GRADSYNC_STORE_TOKEN");
+  const testing::ScopedVariable secret("GRADSYNC_STORE_TOKEN", "a-shared-secret");
+  comm::Coordinator coordinator(options);
+  EXPECT_GT(coordinator.port(), 0);
 }
 
 TEST(FaultTolerance, MpiAcrossGroupsIsRefusedWithItsReason) {

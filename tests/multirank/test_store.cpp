@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/rendezvous.h"
 #include "comm/store/protocol.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/torch_store.h"
@@ -163,6 +164,25 @@ TEST(Store, AClientWithTheTokenCannotFillTheStore) {
   client.set("after", mebibyte);
   EXPECT_EQ(client.get("fill/1").size(), mebibyte.size());
   server.expect_clients_work("after a fill");
+}
+
+// A delete frees what the key held (the bound counts it no more); a missing key says so; a delete
+// carrying a value is malformed.
+TEST(Store, ADeleteFreesTheKey) {
+  Server server;
+  TcpStore client("127.0.0.1", server.port, false, 5000ms, "the-job-token");
+  const std::int64_t empty = server.counters().stored_bytes;
+  client.set("gone/soon", std::vector<char>(1000, 'x'));
+  EXPECT_GT(server.counters().stored_bytes, empty + 1000);
+  EXPECT_TRUE(client.erase("gone/soon"));
+  std::vector<char> value;
+  EXPECT_FALSE(client.try_get("gone/soon", value));
+  EXPECT_FALSE(client.erase("gone/soon"));
+  EXPECT_EQ(server.counters().stored_bytes, empty);
+  const auto parsed = comm::store::parse_request(comm::store::encode_request(comm::store::kDelete, "k", "v"), true);
+  EXPECT_EQ(parsed.status, comm::store::Parsed::malformed);
+  EXPECT_EQ(parsed.error, "a delete carrying a value");
+  server.expect_clients_work("after deletes");
 }
 
 TEST(Store, TheBoundComesFromTheEnvironment) {
@@ -342,6 +362,37 @@ TEST(Store, ARendezvousFailsAtOnceWhenTheStoreGoes) {
   EXPECT_NE(message.find("is gone"), std::string::npos) << message;
 }
 
+// The rendezvous timeout bounds the whole rendezvous. Gloo's full mesh waits for each peer's key
+// in turn: with rank 1 arriving late and rank 2 never, a timeout per wait let rank 0 wait for
+// rank 1 and then a whole timeout more for rank 2 (N - 1 timeouts for N ranks: 25 s for a 5 s
+// bound was seen across replica groups). Now it ends one timeout after it began.
+TEST(Store, TheRendezvousTimeoutBoundsTheWholeRendezvous) {
+  Server server;
+  std::vector<double> seconds(2, 0.0);
+  std::vector<std::string> messages(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      if (rank == 1) std::this_thread::sleep_for(900ms);  // late, but within rank 0's bound
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        auto store = std::make_shared<TcpStore>("127.0.0.1", server.port, false, 5000ms, "the-job-token");
+        comm::gloo_prefixed_communicator(store, "late", "the test store", rank, 3, {.rendezvous_timeout = 1000ms});
+      } catch (const Error& error) {
+        messages[static_cast<std::size_t>(rank)] = error.what();
+      }
+      seconds[static_cast<std::size_t>(rank)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(messages[static_cast<std::size_t>(rank)].find("rank(s) 2 (not arrived yet)"), std::string::npos)
+        << messages[static_cast<std::size_t>(rank)];
+    EXPECT_LT(seconds[static_cast<std::size_t>(rank)], 1.6) << "rank " << rank << ": " << messages[static_cast<std::size_t>(rank)];
+  }
+}
+
 // A real rendezvous of three ranks while a stranger floods the port with garbage.
 TEST(Store, ARendezvousCompletesDuringAFlood) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
@@ -384,7 +435,8 @@ TEST(StoreProtocol, RandomAndMutatedRequests) {
   const std::vector<std::string> seeds{
       comm::store::encode_request(comm::store::kHello, comm::store::kHelloKey, "token"),
       comm::store::encode_request(comm::store::kSet, "rank/3", std::string(300, 'x')),
-      comm::store::encode_request(comm::store::kGet, "dup0/1")};
+      comm::store::encode_request(comm::store::kGet, "dup0/1"),
+      comm::store::encode_request(comm::store::kDelete, "ft/q3/reduce/p0/0")};
   for (const std::string& seed : seeds) {
     const Parsed parsed = comm::store::parse_request(seed, /*authenticated=*/true);
     ASSERT_EQ(parsed.status, Parsed::complete);

@@ -70,6 +70,14 @@ struct CommOptions {
   // The node this rank runs on: ranks with the same name share one. Empty: GRADSYNC_NODE, else
   // torchrun's GROUP_RANK, else the host name.
   std::string node{};
+  // Gloo: allreduces that an expired wait can abort at once. Gloo's own allreduce cannot be
+  // woken from another thread (its waits end only by its timeout); with this set, allreduces run
+  // gradsync's ring (src/comm/algorithms/) over Gloo's point-to-point buffers, whose waits abort
+  // (the same bytes on the wire; other bits than Gloo's algorithm, the same on every rank). For
+  // communicators whose peers may hang, where giving an operation up must not wait for its
+  // timeout: fault tolerance's across replica groups. Duplicates inherit it. MPI and NCCL ignore
+  // it (NCCL aborts anyway).
+  bool interruptible = false;
 };
 
 // The node this process runs on, as the hierarchical allreduce and HSDP's shard groups name it:

@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "comm/algorithms/ring_allreduce.h"
 #include "comm/algorithms/ring_reduce_scatter.h"
 #include "comm/cpu/backend.h"
 #include "peers.h"
@@ -46,6 +47,10 @@ class GlooBackend final : public Backend {
 
   void allreduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
     if (count == 0) return;
+    if (rendezvous_.interruptible) {  // CommOptions::interruptible: our ring, whose waits abort()
+      algorithms::ring_allreduce(begin_algorithm(), static_cast<std::byte*>(data), count, dtype, op);
+      return;
+    }
     gloo::AllreduceOptions options(context_);
     // Gloo's typed setters only record the element size; a byte-sized view with our own
     // function keeps one code path for all dtypes.
@@ -149,7 +154,8 @@ class GlooBackend final : public Backend {
     return child;
   }
 
-  // Our own point-to-point waits (send, recv, the reduce-scatter ring) are woken at once. Gloo's own algorithms (allreduce, broadcast, allgather) cannot be interrupted
+  // Our own point-to-point waits (send, recv, the reduce-scatter ring, the allreduce ring of an
+  // interruptible communicator) are woken at once. Gloo's own algorithms (allreduce, broadcast, allgather) cannot be interrupted
   // from outside (closing the context's connections does not wake their waits): they end by
   // their timeout, and the communicator waits for that before anyone may reuse the buffers.
   void abort() override {

@@ -44,7 +44,9 @@ std::shared_ptr<gloo::transport::Device> loopback_device() {
 
 // A store that reports while it waits: every GRADSYNC_RENDEZVOUS_REPORT_MS (10 s) a rank
 // says on stderr which ranks it is still waiting for and where, instead of waiting silently
-// until the rendezvous timeout; the timeout's error names them too.
+// until the rendezvous timeout; the timeout's error names them too. The timeout is one deadline
+// for the whole rendezvous, not one per wait: Gloo's full mesh waits for each peer's key in turn,
+// and a timeout per wait let a rendezvous of N ranks with a peer gone take N - 1 times as long.
 class ReportingStore final : public gloo::rendezvous::Store {
  public:
   ReportingStore(gloo::rendezvous::Store& inner, std::string where, int rank, int size)
@@ -58,8 +60,11 @@ class ReportingStore final : public gloo::rendezvous::Store {
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    const auto limit = timeout.count() > 0 ? timeout : timeout_;
     const auto start = std::chrono::steady_clock::now();
+    if (deadline_ == std::chrono::steady_clock::time_point{}) deadline_ = start + timeout_;  // the first wait starts it
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - start));
+    const auto limit = timeout.count() > 0 ? std::min<std::chrono::milliseconds>(timeout, left) : left;
     auto next_report = start + report_every_;
     for (;;) {
       const auto now = std::chrono::steady_clock::now();
@@ -77,7 +82,7 @@ class ReportingStore final : public gloo::rendezvous::Store {
       const auto after = std::chrono::steady_clock::now();
       if (after >= start + limit) {
         detail::throw_error("rendezvous of rank ", rank_, " through ", where_, ": still waiting for ", missing(keys),
-                            " after ", limit.count(), " ms (the rendezvous timeout; GRADSYNC_RENDEZVOUS_TIMEOUT_MS)");
+                            " after ", timeout_.count(), " ms (the rendezvous timeout; GRADSYNC_RENDEZVOUS_TIMEOUT_MS)");
       }
       if (after >= next_report) {
         std::fprintf(stderr, "gradsync: rank %d waiting %.0f s at the rendezvous (%s) for %s\n", rank_,
@@ -127,6 +132,7 @@ class ReportingStore final : public gloo::rendezvous::Store {
   int size_;
   std::chrono::milliseconds report_every_;
   std::chrono::milliseconds timeout_{300000};
+  std::chrono::steady_clock::time_point deadline_{};  // the whole rendezvous's
 };
 
 }  // namespace
@@ -171,6 +177,7 @@ Rendezvous rendezvous_through(std::shared_ptr<gloo::rendezvous::Store> store, st
   rendezvous.device = loopback_device();
   rendezvous.where = std::move(where);
   rendezvous.timeout = resolve_rendezvous_timeout(options.rendezvous_timeout, options.timeout);
+  rendezvous.interruptible = options.interruptible;
   return rendezvous;
 }
 

@@ -25,6 +25,7 @@ struct Rendezvous {
   std::shared_ptr<void> keepalive;  // rank 0 of a TCP rendezvous: the store server
   std::string where;                // "the TCP store at host:port", for messages
   std::chrono::milliseconds timeout{300000};  // the rendezvous timeout
+  bool interruptible = false;                 // CommOptions::interruptible
 };
 
 // Connects this rank to every other through `store` (the rendezvous' own, or a prefixed view of

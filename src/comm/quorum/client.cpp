@@ -4,9 +4,11 @@
 #include <atomic>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "comm/gloo/rendezvous.h"
+#include "core/environment.h"
 #include "gradsync/comm/quorum/coordinator.h"
 #include "gradsync/core/error.h"
 #include "lines.h"
@@ -17,6 +19,47 @@ namespace gradsync::comm {
 
 using namespace quorum_lines;
 
+std::string Quorum::describe() const {
+  if (!error.empty()) return "no quorum: " + error;
+  std::string text = "quorum " + std::to_string(id) + ": groups " + join_ints(members) + ", step " + std::to_string(step);
+  if (recover_from >= 0) text += ", recovering from group " + std::to_string(recover_from);
+  return text;
+}
+
+std::string Quorum::to_line() const {
+  if (!error.empty()) return "error=" + encode_text(error);
+  return "id=" + std::to_string(id) + " members=" + join_ints(members) + " step=" + std::to_string(step) +
+         " commit=" + (committed ? "1" : "0") + " from=" + std::to_string(recover_from) +
+         " recovering=" + join_ints(recovering);
+}
+
+Quorum Quorum::from_line(const std::string& line, int group) {
+  const Fields fields = parse_fields(line);
+  Quorum quorum;
+  if (fields.count("error")) {
+    quorum.error = decode_text(fields.at("error"));
+    return quorum;
+  }
+  quorum.id = field_int(fields, "id");
+  quorum.committed = field_int(fields, "commit", 0) == 1;
+  quorum.members = split_ints(fields.count("members") ? fields.at("members") : "");
+  quorum.step = field_int(fields, "step", 0);
+  quorum.recover_from = static_cast<int>(field_int(fields, "from", -1));
+  quorum.recovering = split_ints(fields.count("recovering") ? fields.at("recovering") : "");
+  const auto self = std::find(quorum.members.begin(), quorum.members.end(), group);
+  quorum.index = self == quorum.members.end() ? -1 : static_cast<int>(self - quorum.members.begin());
+  return quorum;
+}
+
+// The token when none is given: a secret from the environment, else derived from the port (the
+// coordinator refuses the derived one beyond loopback).
+std::string coordinator_token(int port) {
+  if (const auto token = environment::store_token()) return *token;
+  return "gradsync-coordinator:" + std::to_string(port);
+}
+
+// ---- A group's client --------------------------------------------------------------------------
+
 struct QuorumClient::State {
   QuorumClientOptions options;
   bool leader = false;
@@ -26,6 +69,7 @@ struct QuorumClient::State {
   std::mutex store_mutex;
   std::shared_ptr<TcpStore> store;
   std::int64_t seq = 0;
+  Clock::time_point superseded_checked{};
   std::atomic<bool> stopping{false};
   std::thread heartbeat;
 
@@ -90,6 +134,7 @@ struct QuorumClient::State {
       });
       const std::string text(raw.begin(), raw.end());
       const Fields answer = parse_fields(text);
+      if (answer.count("inc") && answer.at("inc") != incarnation) end_if_superseded(now);
       if (answer.count("inc") && answer.at("inc") == incarnation && field_int(answer, "seq") == my_seq) {
         Quorum quorum = Quorum::from_line(text, options.group);
         if (!quorum.error.empty()) detail::throw_error("replica group ", options.group, ": ", where, " says: ", quorum.error);
@@ -98,6 +143,29 @@ struct QuorumClient::State {
       GRADSYNC_CHECK(Clock::now() < deadline, "replica group ", options.group, ": no answer to its ", kind, " from ", where,
                      " within ", options.answer_timeout.count(), " ms (QuorumClientOptions::answer_timeout)");
       std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  }
+
+  // Another incarnation of this group is being answered: ends this one if the coordinator says a
+  // newer one superseded it (coordinator.h: two copies of one group must never train). Read at
+  // most every 50 ms.
+  void end_if_superseded(Clock::time_point now) {
+    if (now - superseded_checked < std::chrono::milliseconds(50)) return;
+    superseded_checked = now;
+    const std::vector<char> raw = with_store([&](TcpStore& s) {
+      std::vector<char> value;
+      if (!s.try_get(fence_key(options.group), value)) value.clear();
+      return value;
+    });
+    const Fields fence = parse_fields(std::string(raw.begin(), raw.end()));
+    if (!fence.count("superseded")) return;
+    std::istringstream listed(fence.at("superseded"));
+    std::string one;
+    while (std::getline(listed, one, ',')) {
+      GRADSYNC_CHECK(one != incarnation, "replica group ", options.group, ": this process (incarnation ", incarnation,
+                     ") was superseded by a newer incarnation of the same group (", fence.count("newest") ? fence.at("newest") : "?",
+                     "), which ", where, " heard after it: the group was started again while this process still ran (a ",
+                     "copy its launcher did not stop); this one stops, since two copies of one group must never train");
     }
   }
 
@@ -164,6 +232,14 @@ std::unique_ptr<Communicator> QuorumClient::connect(std::int64_t quorum, const s
   std::shared_ptr<TcpStore> store = state_->current(false);
   const std::string prefix = "ft/q" + std::to_string(quorum) + "/" + purpose + "/p" + std::to_string(place);
   return gloo_prefixed_communicator(store, prefix, state_->where, rank, members, state_->options.cross_options);
+}
+
+std::string QuorumClient::lost_from(std::int64_t quorum) {
+  std::vector<char> raw;
+  if (!state_->current(false)->try_get(broken_key(), raw)) return {};
+  const Fields broken = parse_fields(std::string(raw.begin(), raw.end()));
+  if (field_int(broken, "quorum") != quorum || !broken.count("lost")) return {};
+  return broken.at("lost");
 }
 
 const std::string& QuorumClient::where() const { return state_->where; }

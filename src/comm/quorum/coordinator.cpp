@@ -9,53 +9,20 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "comm/store/tcp_store.h"
 #include "core/environment.h"
 #include "gradsync/core/error.h"
+#include "high_water.h"
+#include "incarnations.h"
 #include "lines.h"
-#include "comm/store/tcp_store.h"
+#include "settings.h"
 
 namespace gradsync::comm {
 
 using namespace quorum_lines;
-
-std::string coordinator_token(int port) {
-  if (const auto token = environment::store_token()) return *token;
-  return "gradsync-coordinator:" + std::to_string(port);
-}
-
-std::string Quorum::describe() const {
-  if (!error.empty()) return "no quorum: " + error;
-  std::string text = "quorum " + std::to_string(id) + ": groups " + join_ints(members) + ", step " + std::to_string(step);
-  if (recover_from >= 0) text += ", recovering from group " + std::to_string(recover_from);
-  return text;
-}
-
-std::string Quorum::to_line() const {
-  if (!error.empty()) return "error=" + encode_text(error);
-  return "id=" + std::to_string(id) + " members=" + join_ints(members) + " step=" + std::to_string(step) +
-         " commit=" + (committed ? "1" : "0") + " from=" + std::to_string(recover_from) +
-         " recovering=" + join_ints(recovering);
-}
-
-Quorum Quorum::from_line(const std::string& line, int group) {
-  const Fields fields = parse_fields(line);
-  Quorum quorum;
-  if (fields.count("error")) {
-    quorum.error = decode_text(fields.at("error"));
-    return quorum;
-  }
-  quorum.id = field_int(fields, "id");
-  quorum.committed = field_int(fields, "commit", 0) == 1;
-  quorum.members = split_ints(fields.count("members") ? fields.at("members") : "");
-  quorum.step = field_int(fields, "step", 0);
-  quorum.recover_from = static_cast<int>(field_int(fields, "from", -1));
-  quorum.recovering = split_ints(fields.count("recovering") ? fields.at("recovering") : "");
-  const auto self = std::find(quorum.members.begin(), quorum.members.end(), group);
-  quorum.index = self == quorum.members.end() ? -1 : static_cast<int>(self - quorum.members.begin());
-  return quorum;
-}
 
 // ---- The coordinator ---------------------------------------------------------------------------
 
@@ -91,7 +58,11 @@ struct Coordinator::State {
   std::map<int, std::string> member_incarnation;
   Clock::time_point waiting_since{};  // the first unanswered request without a quorum
   Clock::time_point failure_seen{};   // this round's first vote reporting a failure
+  std::optional<HighWaterMark> high_water;  // never backwards (high_water.h)
+  std::optional<Incarnations> incarnations;  // one process per group (incarnations.h)
   CoordinatorCounters counters;
+  std::string store_full;  // why no quorum can form any more: the store refused a set
+  std::string broken_said;  // the last broken_key() value published
   bool stopping = false;
   std::thread decider;
 
@@ -108,7 +79,7 @@ struct Coordinator::State {
     const Fields fields = parse_fields(value);
     std::lock_guard<std::mutex> lock(mutex);
     const auto incarnation = fields.find("inc");
-    if (incarnation == fields.end()) return;
+    if (incarnation == fields.end() || !current_incarnation(group, incarnation->second)) return;
     if (!request) {
       heartbeats[group] = {incarnation->second, Clock::now()};
       return;
@@ -131,6 +102,18 @@ struct Coordinator::State {
     changed.notify_all();
   }
 
+  // Whether `incarnation` is group's current one (incarnations.h); a new one supersedes the one
+  // before, which is told so under fence_key(group).
+  bool current_incarnation(int group, const std::string& incarnation) {
+    std::string fence;
+    const Incarnations::Heard heard = incarnations->heard(group, incarnation, fence);
+    if (heard == Incarnations::Heard::superseding) {
+      ++counters.superseded;
+      tcp_store_server_set(*server, fence_key(group), fence);
+    }
+    return heard != Incarnations::Heard::superseded;
+  }
+
   bool alive(int group, Clock::time_point now) const {
     const Heartbeat& heartbeat = heartbeats[group];
     const Request& request = requests[group];
@@ -148,9 +131,69 @@ struct Coordinator::State {
     if (!options.quiet) std::fprintf(stderr, "gradsync coordinator: %s\n", line.c_str());
   }
 
+  // The groups of one quorum must share their settings (settings.h): a group that differs from
+  // the job's is refused alone; when nothing says which side is right, every group ends. Returns
+  // false when it ended every group.
+  bool refuse_the_ones_that_differ(std::vector<int>& next, const std::vector<int>& voters) {
+    std::map<int, GroupSettings> settings;
+    for (const int group : next) settings[group] = {requests[group].group_size, requests[group].agreement};
+    const SettingsCheck check = check_settings(next, voters, settings);
+    if (!check.everyone.empty()) {
+      say(check.everyone);
+      for (const int member : next) answer(member, "error=" + encode_text(check.everyone));
+      return false;
+    }
+    for (const auto& [group, why] : check.refused) {
+      say(why);
+      answer(group, "error=" + encode_text(why));
+      ++counters.refused;
+    }
+    next = check.agreeing;
+    return true;
+  }
+
+  // A store that refused a set (max_stored_bytes) cannot carry the next quorum's rendezvous: the
+  // groups would discard and try again for ever. A job's own keys stay far below the bound, so a
+  // token holder filled it: every group asking is told so and ends. Returns whether it is full.
+  bool store_is_full() {
+    if (store_full.empty()) {
+      const TcpStoreServerCounters store = tcp_store_server_counters(*server);
+      if (store.refused_full_store == 0) return false;
+      store_full = "the coordinator's store is full: it refused a set at " + std::to_string(store.stored_bytes) +
+                   " bytes stored, its bound (GRADSYNC_STORE_MAX_MB). A job's own keys stay far below it (each " +
+                   "quorum's are erased when the next forms), so a process holding the job's token filled it; no " +
+                   "quorum can meet through it";
+      say(store_full);
+    }
+    for (int group = 0; group < options.replica_groups; ++group) {
+      if (!requests[group].answered) answer(group, "error=" + encode_text(store_full));
+    }
+    return true;
+  }
+
+  // Never backwards (high_water.h): whether a quorum of `next` at `step` may form; when the mark
+  // is lost, every group asking ends with the error naming it.
+  bool at_or_above_high_water(const std::vector<int>& next, std::int64_t step, Clock::time_point now) {
+    const HighWaterMark::Verdict verdict =
+        high_water->check(next, step, now, [&](int group, const std::string& incarnation) {
+          return heartbeats[group].incarnation == incarnation && now - heartbeats[group].seen < options.heartbeat_timeout;
+        });
+    if (!verdict.say.empty()) say(verdict.say);
+    if (verdict.kind == HighWaterMark::Verdict::form) return true;
+    if (verdict.kind == HighWaterMark::Verdict::lost) {
+      say(verdict.why);
+      for (const int group : next) answer(group, "error=" + encode_text(verdict.why));
+      quorum_id = -1;
+      members.clear();
+    }
+    counters.high_water = high_water->step();
+    return false;
+  }
+
   // One round, when it can be decided (the header's rules); called with the mutex held.
   void decide(Clock::time_point now) {
     const int groups = options.replica_groups;
+    if (store_is_full()) return;
     std::vector<int> voters, joiners, waiting_for, lost;
     std::int64_t voted_quorum = -1;
     for (const int member : members) {
@@ -162,6 +205,17 @@ struct Coordinator::State {
         lost.push_back(member);  // restarted, silent, leaving, or asking to join again
       } else {
         waiting_for.push_back(member);
+      }
+    }
+    if (!waiting_for.empty() && !lost.empty() && quorum_id >= 0) {
+      // Members are gone (silent, superseded, said goodbye) while others still run the step, likely
+      // waiting on them across the groups: say so once, and they give it up (FaultTolerance).
+      const std::string broken = "quorum=" + std::to_string(quorum_id) + " lost=" + join_ints(lost);
+      if (broken != broken_said) {
+        broken_said = broken;
+        tcp_store_server_set(*server, broken_key(), broken);
+        say("quorum " + std::to_string(quorum_id) + ": groups " + join_ints(lost) + " lost while groups " +
+            join_ints(waiting_for) + " still run the step: told to give it up");
       }
     }
     if (!waiting_for.empty()) {
@@ -216,6 +270,7 @@ struct Coordinator::State {
     std::vector<int> next = voters;
     next.insert(next.end(), joiners.begin(), joiners.end());
     std::sort(next.begin(), next.end());
+    if (!refuse_the_ones_that_differ(next, voters)) return;
     if (static_cast<int>(next.size()) < options.min_replicas) {
       if (quorum_id >= 0) {  // fewer than the minimum: wait for newcomers, as at the start
         say("quorum " + std::to_string(quorum_id) + " lost groups " + join_ints(lost) + "; " + std::to_string(next.size()) +
@@ -240,26 +295,6 @@ struct Coordinator::State {
       waiting_since = Clock::time_point{};
       return;
     }
-    // Every member of one quorum must have as many ranks (place p talks to place p) and what
-    // the groups said they must share (QuorumClientOptions::agreement): the job ends naming both.
-    const Request& first = requests[next.front()];
-    for (const int group : next) {
-      const Request& other = requests[group];
-      std::string why;
-      if (other.group_size != first.group_size) {
-        why = "replica group " + std::to_string(group) + " has " + std::to_string(other.group_size) + " ranks, group " +
-              std::to_string(next.front()) + " has " + std::to_string(first.group_size) +
-              " (every replica group has as many ranks)";
-      } else if (other.agreement != first.agreement) {
-        why = "replica group " + std::to_string(group) + " says '" + other.agreement + "', group " +
-              std::to_string(next.front()) + " says '" + first.agreement + "' (the groups of one job must agree)";
-      }
-      if (!why.empty()) {
-        say(why);
-        for (const int member : next) answer(member, "error=" + encode_text(why));
-        return;
-      }
-    }
     // The members' states after this decision, and who recovers from whom.
     std::map<int, std::int64_t> steps;
     for (const int group : next) {
@@ -268,6 +303,7 @@ struct Coordinator::State {
     }
     std::int64_t step = 0;
     for (const auto& [group, at] : steps) step = std::max(step, at);
+    if (!at_or_above_high_water(next, step, now)) return;
     std::vector<int> sources;
     for (const auto& [group, at] : steps) {
       if (at == step) sources.push_back(group);
@@ -304,6 +340,9 @@ struct Coordinator::State {
     if (!voters.empty()) ++(commit ? counters.commits : counters.discards);
     counters.recoveries += static_cast<std::int64_t>(source_of.size());
     if (id != quorum_id) {
+      // The older quorums' keys (their rendezvous) are needed by nobody: every live member of the
+      // last one voted, so it met; a member still meeting an older one has been left out.
+      tcp_store_server_erase_prefix(*server, "ft/q", "ft/q" + std::to_string(id) + "/");
       std::string line = "quorum " + std::to_string(id) + ": groups " + join_ints(next) + " at step " + std::to_string(step);
       if (!voters.empty()) line += commit ? " (the step committed)" : " (the step was discarded)";
       if (!lost.empty()) line += ", lost groups " + join_ints(lost);
@@ -313,6 +352,10 @@ struct Coordinator::State {
       }
       say(line);
     }
+    std::map<int, std::string> reached;
+    for (const int group : next) reached[group] = requests[group].incarnation;
+    high_water->reached(step, reached);
+    counters.high_water = high_water->step();
     member_incarnation.clear();
     for (const int group : next) member_incarnation[group] = requests[group].incarnation;
     members = next;
@@ -327,7 +370,25 @@ struct Coordinator::State {
     while (!stopping) {
       changed.wait_for(lock, std::chrono::milliseconds(20));
       if (stopping) break;
-      decide(Clock::now());
+      const auto now = Clock::now();
+      decide(now);
+      if (std::optional<std::string> line = high_water->due(now)) {
+        lock.unlock();
+        save_state(*line);
+        lock.lock();
+      }
+    }
+  }
+
+  // Writes the high-water mark's line to the state file, outside the decisions' lock (a file's
+  // flush must not hold up a step). A failure is said and tried again at the next round.
+  void save_state(const std::string& line) {
+    try {
+      HighWaterMark::write(high_water->state_file(), line);
+    } catch (const std::exception& error) {
+      say(std::string("cannot save the high-water mark: ") + error.what());
+      std::lock_guard<std::mutex> lock(mutex);
+      high_water->again();
     }
   }
 };
@@ -338,15 +399,22 @@ Coordinator::Coordinator(const CoordinatorOptions& options) : state_(std::make_s
                  options.min_replicas, " must be in [1, replica_groups = ", options.replica_groups, "]");
   State& state = *state_;
   state.options = options;
-  state.requests.resize(static_cast<std::size_t>(options.replica_groups));
-  state.heartbeats.resize(static_cast<std::size_t>(options.replica_groups));
+  const auto groups = static_cast<std::size_t>(options.replica_groups);
+  state.requests.resize(groups);
+  state.heartbeats.resize(groups);
+  state.incarnations.emplace(options.replica_groups);
+  state.high_water.emplace(options.state_file, options.accept_lost_steps, options.join_timeout);
+  if (const std::string loaded = state.high_water->load(); !loaded.empty()) state.say(loaded);
+  state.counters.high_water = state.high_water->step();
   TcpStoreServerOptions server;
   server.bind_host = options.bind_host;
   server.bind_required = !options.bind_host.empty();
   server.port = options.port;
   server.token = options.token.empty() ? coordinator_token(options.port) : options.token;
   server.secret_token = environment::store_token().has_value() || !options.token.empty();
+  server.refuse_derived_token = true;  // beyond loopback, whoever computes the token would speak as a group
   server.idle_timeout = std::chrono::milliseconds(3600000);
+  server.max_stored_bytes = environment::store_max_bytes();  // GRADSYNC_STORE_MAX_MB, as every store
   State* raw = state_.get();
   server.on_set = [raw](const std::string& key, const std::string& value) { raw->heard(key, value); };
   state.server = start_tcp_store_server(server);
@@ -360,14 +428,22 @@ Coordinator::~Coordinator() {
   }
   state_->changed.notify_all();
   state_->decider.join();
+  if (std::optional<std::string> line = state_->high_water->due(Clock::now() + std::chrono::seconds(1))) {
+    state_->save_state(*line);
+  }
   state_->server.reset();  // stops serving before the state it calls into goes
 }
 
 int Coordinator::port() const { return tcp_store_server_port(*state_->server); }
 
 CoordinatorCounters Coordinator::counters() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->counters;
+  CoordinatorCounters counters;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    counters = state_->counters;
+  }
+  counters.store_bytes = tcp_store_server_counters(*state_->server).stored_bytes;
+  return counters;
 }
 
 }  // namespace gradsync::comm

@@ -69,5 +69,10 @@ inline std::string decode_text(std::string text) {
 inline std::string request_key(int group) { return "ft/req/" + std::to_string(group); }
 inline std::string answer_key(int group) { return "ft/ans/" + std::to_string(group); }
 inline std::string heartbeat_key(int group) { return "ft/hb/" + std::to_string(group); }
+// The incarnations of a group that a newer one superseded: "newest=INC superseded=INC,INC".
+inline std::string fence_key(int group) { return "ft/fence/" + std::to_string(group); }
+// The quorum whose members the coordinator has lost while others still run its step:
+// "quorum=ID lost=G,G" (one key, overwritten).
+inline std::string broken_key() { return "ft/broken"; }
 
 }  // namespace gradsync::comm::quorum_lines

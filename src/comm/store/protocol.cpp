@@ -30,7 +30,7 @@ Parsed malformed(std::string error) {
 Parsed parse_request(std::string_view buffer, bool authenticated) {
   if (buffer.empty()) return {};
   const char op = buffer[0];
-  if (op != kHello && op != kSet && op != kGet) {
+  if (op != kHello && op != kSet && op != kGet && op != kDelete) {
     return malformed("unknown request type " + std::to_string(static_cast<unsigned char>(op)));
   }
   if (!authenticated && op != kHello) return malformed("a request before the job's token was presented");
@@ -47,6 +47,7 @@ Parsed parse_request(std::string_view buffer, bool authenticated) {
                      " allowed)");
   }
   if (op == kGet && value_length != 0) return malformed("a get carrying a value");
+  if (op == kDelete && value_length != 0) return malformed("a delete carrying a value");
   if (op == kHello && kHeaderBytes + key_length + value_length > kMaxHelloBytes) {
     return malformed("a hello of " + std::to_string(kHeaderBytes + std::size_t{key_length} + value_length) +
                      " bytes (at most " + std::to_string(kMaxHelloBytes) + " allowed)");

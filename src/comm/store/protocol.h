@@ -3,10 +3,11 @@
 //
 // Every request is a fixed 9-byte header and a payload, little-endian:
 //   op (1 byte) | key length (u32) | value length (u32) | key | value
-// with op 'H' (hello: key = kHelloKey, value = the job's token), 'S' (set key = value) or 'G'
-// (get key; no value). Responses: hello, one byte 1 (0: not this job's token); set, one byte 1
-// (2: refused, the store holds all it may); get, found (1 byte), and when found the value length
-// (u32) and the value.
+// with op 'H' (hello: key = kHelloKey, value = the job's token), 'S' (set key = value), 'G'
+// (get key; no value) or 'D' (delete key; no value). Responses: hello, one byte 1 (0: not this
+// job's token); set, one byte 1 (2: refused, the store holds all it may); get, found (1 byte),
+// and when found the value length (u32) and the value; delete, one byte 1 (0: there was no such
+// key).
 //
 // The lengths are checked against small caps *before* a byte of payload is buffered: a key of at
 // most kMaxKeyBytes, a value of at most kMaxValueBytes, and, before a connection has presented
@@ -30,7 +31,7 @@ constexpr std::string_view kHelloKey = "gradsync-store/2";
 // store's bound on what it holds (TcpStoreServerOptions::max_stored_bytes).
 constexpr std::size_t kEntryOverhead = 96;
 
-enum Op : char { kHello = 'H', kSet = 'S', kGet = 'G' };
+enum Op : char { kHello = 'H', kSet = 'S', kGet = 'G', kDelete = 'D' };
 
 struct Request {
   char op = 0;

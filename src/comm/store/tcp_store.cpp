@@ -150,6 +150,17 @@ bool TcpStore::try_get(const std::string& key, std::vector<char>& value) {
   return found == 1;
 }
 
+bool TcpStore::erase(const std::string& key) {
+  GRADSYNC_CHECK(key.size() <= store::kMaxKeyBytes, "tcp store: erase('", key.substr(0, 64), "...') of a key over ",
+                 store::kMaxKeyBytes, " bytes");
+  std::lock_guard<std::mutex> lock(mutex_);
+  char erased = 0;
+  if (!exchange(store::encode_request(store::kDelete, key), erased, nullptr)) {
+    throw StoreGone("tcp store at " + endpoint_ + ": erase('" + key + "') failed: the store (rank 0) is gone");
+  }
+  return erased == 1;
+}
+
 void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   const auto deadline = Clock::now() + timeout;
   std::vector<char> ignored;

@@ -39,6 +39,9 @@ struct TcpStoreServerOptions {
   // Whether `token` is a secret (GRADSYNC_STORE_TOKEN) rather than derived from what the launch
   // shows (job ids, the address): a derived one on an address beyond this machine is warned about.
   bool secret_token = true;
+  // Beyond this machine, a token that is no secret is refused (an error) rather than warned about
+  // (the coordinator of replica groups).
+  bool refuse_derived_token = false;
   // Every key and value stored, together (each entry also counts kEntryOverhead): a set past it
   // is refused with "full", whoever sends it, so the store's memory is bounded for token holders
   // too. GRADSYNC_STORE_MAX_MB.
@@ -74,9 +77,13 @@ std::shared_ptr<TcpStoreServer> start_tcp_store_server(const TcpStoreServerOptio
 int tcp_store_server_port(const TcpStoreServer& server);
 TcpStoreServerCounters tcp_store_server_counters(const TcpStoreServer& server);
 // Stores key = value from another thread of the serving process (the coordinator's answers):
-// queued, and applied by the server's thread before it next answers a request. Bounded like a
-// client's set (a value over the caps is refused).
+// queued, and applied by the server's thread before it next answers a request. A value over the
+// caps is refused; max_stored_bytes does not apply (it bounds what clients send).
 void tcp_store_server_set(TcpStoreServer& server, const std::string& key, const std::string& value);
+// Erases every key that starts with `prefix`, except those that start with `keep` (empty: none
+// kept), from another thread of the serving process (the coordinator's cleanup of a quorum's
+// keys): queued and applied like tcp_store_server_set.
+void tcp_store_server_erase_prefix(TcpStoreServer& server, const std::string& prefix, const std::string& keep = {});
 
 class TcpStore final : public gloo::rendezvous::Store {
  public:
@@ -94,6 +101,8 @@ class TcpStore final : public gloo::rendezvous::Store {
   // One get, without waiting: whether `key` is there (its value in `value`). StoreGone when the
   // server is.
   bool try_get(const std::string& key, std::vector<char>& value);
+  // Deletes `key`; whether it was there.
+  bool erase(const std::string& key);
 
   // Keeps the server (rank 0) alive after the store object is gone.
   std::shared_ptr<void> server() const;

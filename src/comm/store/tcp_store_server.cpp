@@ -61,23 +61,33 @@ class TcpStoreServer {
   }
 
   int port() const { return port_; }
-  // tcp_store_server_set: queued for the loop, which owns data_.
+  // tcp_store_server_set and tcp_store_server_erase_prefix: queued for the loop, which owns data_.
   void post(const std::string& key, const std::string& value) {
     GRADSYNC_CHECK(key.size() <= store::kMaxKeyBytes && value.size() <= store::kMaxValueBytes, "tcp store: a posted value for '",
                    key, "' of ", value.size(), " bytes is over the store's caps");
-    {
-      std::lock_guard<std::mutex> lock(posted_mutex_);
-      posted_.emplace_back(key, value);
-    }
-    const char byte = 1;
-    [[maybe_unused]] const ssize_t woken = ::write(wake_[1], &byte, 1);
+    queue({key, value, {}, false});
   }
+  void erase_prefix(const std::string& prefix, const std::string& keep) { queue({prefix, {}, keep, true}); }
   TcpStoreServerCounters counters() const {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     return counters_;
   }
 
  private:
+  struct Posted {  // from another thread: a value to store, or the keys under `key` but `keep` to erase
+    std::string key, value, keep;
+    bool erase_prefix = false;
+  };
+
+  void queue(Posted change) {
+    {
+      std::lock_guard<std::mutex> lock(posted_mutex_);
+      posted_.push_back(std::move(change));
+    }
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t woken = ::write(wake_[1], &byte, 1);
+  }
+
   struct Connection {
     int fd;
     std::string peer;
@@ -138,6 +148,9 @@ class TcpStoreServer {
     port_ = bound.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
                                        : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
     if (!options_.secret_token && !loopback(bound)) {
+      GRADSYNC_CHECK(!options_.refuse_derived_token, "tcp store on port ", port_, " listens beyond this machine and ",
+                     "has no secret token: set GRADSYNC_STORE_TOKEN to the same secret everywhere (a token derived ",
+                     "from the port or the launch is no secret: whoever reaches the port may compute it)");
       warn("the rendezvous store listens beyond this machine (port " + std::to_string(port_) + ") with a token " +
            "derived from what the launch shows (its job id and MASTER_ADDR:MASTER_PORT), which whoever can reach " +
            "the port may compute: set GRADSYNC_STORE_TOKEN to a secret shared by the ranks (docs/communication.md)");
@@ -278,6 +291,10 @@ class TcpStoreServer {
         connection.out.push_back(1);
       } else if (request.op == store::kSet) {
         connection.out.push_back(store_value(connection, request) ? 1 : 2);
+      } else if (request.op == store::kDelete) {
+        const auto found = data_.find(request.key);
+        connection.out.push_back(found != data_.end() ? 1 : 0);
+        if (found != data_.end()) erase(found);
       } else {
         const auto found = data_.find(request.key);
         connection.out.push_back(found != data_.end() ? 1 : 0);
@@ -317,25 +334,35 @@ class TcpStoreServer {
     return true;
   }
 
-  // What other threads posted (post()), stored as a set would store it; posts over the
-  // store's bound are dropped with a logged line, as a client's set would be refused.
+  // What other threads of this process posted. A value is stored even past max_stored_bytes: the
+  // bound is for clients, and the coordinator's answers are how a full store is told to the groups.
   void apply_posted() {
-    std::vector<std::pair<std::string, std::string>> posted;
+    std::vector<Posted> posted;
     {
       std::lock_guard<std::mutex> lock(posted_mutex_);
       posted.swap(posted_);
     }
-    for (auto& [key, value] : posted) {
-      const auto existing = data_.find(key);
-      const std::size_t freed = existing == data_.end() ? 0 : entry_bytes(existing->first, existing->second);
-      const std::size_t added = entry_bytes(key, value);
-      if (stored_bytes_ - freed + added > options_.max_stored_bytes) {
-        log("dropped a posted value for '" + key + "': the store is full (GRADSYNC_STORE_MAX_MB)");
+    for (auto& [key, value, keep, erase_prefix] : posted) {
+      if (erase_prefix) {
+        for (auto entry = data_.lower_bound(key); entry != data_.end() && entry->first.rfind(key, 0) == 0;) {
+          const auto next = std::next(entry);
+          if (keep.empty() || entry->first.rfind(keep, 0) != 0) erase(entry);
+          entry = next;
+        }
         continue;
       }
+      const auto existing = data_.find(key);
+      const std::size_t freed = existing == data_.end() ? 0 : entry_bytes(existing->first, existing->second);
+      stored_bytes_ = stored_bytes_ - freed + entry_bytes(key, value);
       data_[key] = std::move(value);
-      stored_bytes_ = stored_bytes_ - freed + added;
     }
+    count([this](TcpStoreServerCounters& c) { c.stored_bytes = static_cast<std::int64_t>(stored_bytes_); });
+  }
+
+  void erase(std::map<std::string, std::string>::iterator entry) {
+    stored_bytes_ -= entry_bytes(entry->first, entry->second);
+    data_.erase(entry);
+    count([this](TcpStoreServerCounters& c) { c.stored_bytes = static_cast<std::int64_t>(stored_bytes_); });
   }
 
   static std::size_t entry_bytes(const std::string& key, const std::string& value) {
@@ -407,7 +434,7 @@ class TcpStoreServer {
   std::list<Connection> connections_;  // the loop's only
   std::map<std::string, std::string> data_;
   std::mutex posted_mutex_;
-  std::vector<std::pair<std::string, std::string>> posted_;  // post()ed, for the loop to store
+  std::vector<Posted> posted_;  // post()ed and erase_prefix()ed, for the loop to apply
   std::size_t stored_bytes_ = 0;  // data_'s entries as entry_bytes counts them
   Clock::time_point log_window_{};
   int logged_ = 0;
@@ -423,6 +450,9 @@ int tcp_store_server_port(const TcpStoreServer& server) { return server.port(); 
 TcpStoreServerCounters tcp_store_server_counters(const TcpStoreServer& server) { return server.counters(); }
 void tcp_store_server_set(TcpStoreServer& server, const std::string& key, const std::string& value) {
   server.post(key, value);
+}
+void tcp_store_server_erase_prefix(TcpStoreServer& server, const std::string& prefix, const std::string& keep) {
+  server.erase_prefix(prefix, keep);
 }
 
 }  // namespace gradsync::comm

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <thread>
 
 #include "gradsync/comm/records/flight_recorder.h"
 #include "gradsync/comm/nccl/nccl.h"
@@ -262,7 +263,7 @@ bool FaultTolerance::average_gradients() {
         Tensor grads = arenas[a].grads;
         comm::Communicator& across = arenas[a].device.is_cuda() && cross_device_ ? *cross_device_ : *cross_;
         if (optimizer_ == nullptr || !optimizer_->sharded()) {
-          across.allreduce(grads, comm::ReduceOp::avg);
+          wait_across(*across.allreduce_async(grads, comm::ReduceOp::avg));
           continue;
         }
         // ZeRO 1 or 2 inside the group: this rank steps only its pieces, and place p of every
@@ -271,7 +272,7 @@ bool FaultTolerance::average_gradients() {
         for (const optim::Optimizer::ElementRange& range : optimizer_->shard_ranges(a)) {
           pieces.push_back(grads.view(static_cast<std::size_t>(range.begin), {range.end - range.begin}));
         }
-        if (!pieces.empty()) across.allreduce_coalesced(std::move(pieces), comm::ReduceOp::avg);
+        if (!pieces.empty()) wait_across(*across.allreduce_coalesced_async(std::move(pieces), comm::ReduceOp::avg));
       }
     } catch (const std::exception& error) {
       ok = false;
@@ -286,6 +287,36 @@ bool FaultTolerance::average_gradients() {
   }
   step_ok_ = group_agrees(ok);
   return step_ok_;
+}
+
+// Waits for a cross-group operation, and gives it up as soon as the coordinator says a member of
+// the quorum is lost (its heartbeat silent: stopped, partitioned, killed without a goodbye): the
+// operation would otherwise end only at the cross-group timeout. A healthy step is hardly slowed:
+// completion is polled every 100 us, and the coordinator's word read only once the operation has
+// run 50 ms, then every 20 ms. Giving up expires the Work, which aborts the running operation
+// (the cross-group communicators are interruptible) and breaks the communicator (the next
+// quorum makes new ones), so nothing lands late in the gradients.
+void FaultTolerance::wait_across(comm::Work& work) {
+  const auto started = Clock::now();
+  auto next_look = started + std::chrono::milliseconds(50);
+  while (!work.is_completed()) {
+    const auto now = Clock::now();
+    if (now >= next_look) {
+      next_look = now + std::chrono::milliseconds(20);
+      const std::string lost = client_->lost_from(quorum_.id);
+      if (!lost.empty()) {
+        try {
+          work.wait(std::chrono::milliseconds(1));  // long expired: aborts the operation
+        } catch (const std::exception&) {
+        }
+        detail::throw_error("the coordinator lost group(s) ", lost, " of quorum ", quorum_.id, " while this group waited ",
+                            "on them in ", work.description(), " (", static_cast<long long>(seconds_since(started) * 1000),
+                            " ms in): given up, not waited out");
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  work.wait();
 }
 
 bool FaultTolerance::should_commit() {

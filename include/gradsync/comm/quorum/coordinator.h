@@ -19,9 +19,19 @@
 //    member behind it the member it recovers from;
 //  * a quorum that cannot reach min_replicas within join_timeout answers an error naming what is
 //    missing, and every group ends with it.
-// The coordinator keeps nothing a restart would need: after one, the groups post their requests
-// again and it decides from them (a vote names its quorum's id and size, so a step every member
-// voted for still commits).
+// Its store stays flat: a quorum's keys (its rendezvous) are erased when the next quorum forms.
+// A store filled anyway (by a token holder) ends every group with an error naming the bound.
+// Never backwards: the coordinator keeps the highest step any of its quorums reached (the
+// high-water mark; in state_file across its own restarts) and never forms a quorum below it. When
+// every group that held it is gone, the groups asking are told, after join_timeout, that the step
+// is lost (unless accept_lost_steps: the groups restarted from a checkpoint on purpose).
+// The one that is wrong is refused alone: a group whose ranks or agreement differ from the job's
+// (the running quorum's, else most groups') ends with the error and the others go on; when a
+// group's process is started again while the old one still speaks (a copy its launcher did not
+// stop), the incarnation heard first is superseded: its heartbeat and requests no longer count,
+// and it ends at its next request naming both.
+// After its own restart the groups post their requests again and it decides from them (a vote
+// names its quorum's id and size, so a step every member voted for still commits).
 //
 //   comm::Coordinator coordinator({.port = 29600, .replica_groups = 3, .min_replicas = 2});
 //   // or the program: build/examples/coordinator --port 29600 --replica-groups 3 --min-replicas 2
@@ -56,6 +66,14 @@ struct CoordinatorOptions {
   // comes back as a newcomer when it votes late. A step that nobody reported failing waits for
   // every live member, however slow.
   std::chrono::milliseconds vote_timeout{2000};
+  // A file holding the high-water mark (the highest step a quorum reached), read at the start and
+  // rewritten atomically as the mark rises (at most every 100 ms), so that a coordinator started
+  // again after every group was lost still refuses to go back. Empty: kept in memory only.
+  std::string state_file{};
+  // Whether a quorum may form below the high-water mark. Off: when every group that held the
+  // highest step is gone, the groups asking end with an error naming the lost step. On: they go
+  // on from the step they hold (a restart from a checkpoint, on purpose).
+  bool accept_lost_steps = false;
   bool quiet = false;              // no line per decision on stderr
 };
 
@@ -67,16 +85,23 @@ struct CoordinatorCounters {
   std::int64_t quorum_changes = 0;  // new quorum ids
   std::int64_t recoveries = 0;  // members told to recover from a peer
   std::int64_t quorum_id = -1;  // the current quorum's id
+  std::int64_t high_water = 0;  // the highest step a quorum reached: none forms below it
+  std::int64_t refused = 0;     // groups refused alone (their ranks or agreement differ)
+  std::int64_t superseded = 0;  // incarnations superseded by a newer one of their group
+  std::int64_t store_bytes = 0;  // what its store holds now (flat: each quorum's keys go with it)
 };
 
 // The token of a coordinator on `port` when none is given: GRADSYNC_STORE_TOKEN when set, else
-// one derived from the port (not a secret: set GRADSYNC_STORE_TOKEN beyond one machine).
+// one derived from the port (not a secret: a coordinator that listens beyond loopback refuses
+// it, and the groups must then set GRADSYNC_STORE_TOKEN too).
 std::string coordinator_token(int port);
 
 // Serves the store and decides the quorums (above) from construction until destruction.
 class Coordinator {
  public:
-  // Serves on options.port (an error naming it when it cannot listen there).
+  // Serves on options.port (an error naming it when it cannot listen there). Listening beyond
+  // loopback (bind_host "" or another address) needs a secret: options.token or
+  // GRADSYNC_STORE_TOKEN, else an error naming it.
   explicit Coordinator(const CoordinatorOptions& options);
   ~Coordinator();  // stops serving
   Coordinator(const Coordinator&) = delete;
@@ -125,9 +150,12 @@ struct QuorumClientOptions {
   // How long a request waits for its answer (a quorum waits for its slowest member's vote), and
   // how long a lost coordinator is waited for before the group gives up.
   std::chrono::milliseconds answer_timeout{120000};
-  // The cross-group communicators' timeouts: their rendezvous and every operation on them.
+  // The cross-group communicators' timeouts (their rendezvous and every operation on them); they
+  // are interruptible (CommOptions::interruptible), so that a step whose quorum lost a member is
+  // given up as soon as the coordinator says so.
   CommOptions cross_options{.timeout = std::chrono::milliseconds(30000),
-                            .rendezvous_timeout = std::chrono::milliseconds(5000)};
+                            .rendezvous_timeout = std::chrono::milliseconds(5000),
+                            .interruptible = true};
 };
 
 // A group's connection to the coordinator. The leader (the group's rank 0) requests and keeps
@@ -156,6 +184,10 @@ class QuorumClient {
   // quorum apart ("reduce", "recover-2"); `members` is its rank count.
   std::unique_ptr<Communicator> connect(std::int64_t quorum, const std::string& purpose, int place, int rank,
                                         int members);
+  // Any rank. The groups the coordinator has lost from `quorum` while this group still runs its
+  // step in it ("2" or "1,2"), or "" while it has lost none: a reduction waiting on them would
+  // only end at its timeout. One store read.
+  std::string lost_from(std::int64_t quorum);
   // Where the coordinator is, for messages: "the coordinator at host:port".
   const std::string& where() const;
   struct State;

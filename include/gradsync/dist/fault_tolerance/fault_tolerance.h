@@ -130,6 +130,7 @@ class FaultTolerance {
   void send_state(comm::Communicator& pair, Snapshot& snapshot);
   Received receive_state(comm::Communicator& pair, int source);
   void broadcast_quorum();
+  void wait_across(comm::Work& work);
   bool group_agrees(bool ok);
   void event(const std::string& kind, double took, const std::string& detail);
 
