@@ -359,12 +359,14 @@ TEST(FaultTolerance, EveryGroupLostEndsNamingTheLostStep) {
     fresh_groups_fail(again.port());
   }
   options.accept_lost_steps = true;
-  comm::Coordinator from_checkpoint(options);
-  run_groups(2, [&](int g) {
-    Group group(g, from_checkpoint.port(), 0.0f);
-    while (group.ft->step() < 2) group.step(1.0f);
-  });
-  EXPECT_EQ(from_checkpoint.counters().high_water, 2);
+  {
+    comm::Coordinator from_checkpoint(options);
+    run_groups(2, [&](int g) {
+      Group group(g, from_checkpoint.port(), 0.0f);
+      while (group.ft->step() < 2) group.step(1.0f);
+    });
+    EXPECT_EQ(from_checkpoint.counters().high_water, 2);
+  }  // (its last save happens here)
   std::filesystem::remove(state_file);
 }
 
