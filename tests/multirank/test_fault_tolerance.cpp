@@ -358,6 +358,13 @@ TEST(FaultTolerance, EveryGroupLostEndsNamingTheLostStep) {
     EXPECT_EQ(again.counters().high_water, 4);
     fresh_groups_fail(again.port());
   }
+  {  // a state file that is not a regular file is refused, never read (a FIFO would block)
+    comm::CoordinatorOptions folder = options;
+    folder.state_file = state_file + ".folder";
+    std::filesystem::create_directory(folder.state_file);
+    EXPECT_GRADSYNC_ERROR(comm::Coordinator{folder}, "is not a regular file");
+    std::filesystem::remove(folder.state_file);
+  }
   options.accept_lost_steps = true;
   {
     comm::Coordinator from_checkpoint(options);

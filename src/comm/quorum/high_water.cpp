@@ -16,10 +16,19 @@ HighWaterMark::HighWaterMark(std::string state_file, bool accept_lost_steps, std
     : state_file_(std::move(state_file)), accept_lost_steps_(accept_lost_steps), join_timeout_(join_timeout) {}
 
 std::string HighWaterMark::load() {
-  if (state_file_.empty() || !std::filesystem::exists(state_file_)) return {};
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(state_file_, error);
+  if (state_file_.empty() || status.type() == std::filesystem::file_type::not_found) return {};
+  // Only a regular file, and only its first 256 bytes: a FIFO would block the coordinator's start,
+  // a link could point anywhere, and a huge file would be read whole.
+  GRADSYNC_CHECK(status.type() == std::filesystem::file_type::regular, "Coordinator: its state file ", state_file_,
+                 " is not a regular file (a link, a folder, a FIFO or a device): refused");
   std::ifstream in(state_file_);
-  std::string line;
-  GRADSYNC_CHECK(in && std::getline(in, line), "Coordinator: cannot read its state file ", state_file_);
+  std::string line(256, '\0');
+  in.read(line.data(), static_cast<std::streamsize>(line.size()));
+  GRADSYNC_CHECK(in.gcount() > 0, "Coordinator: cannot read its state file ", state_file_);
+  line.resize(static_cast<std::size_t>(in.gcount()));
+  line = line.substr(0, line.find('\n'));
   const Fields fields = parse_fields(line);
   const std::int64_t mark = field_int(fields, "high_water");
   GRADSYNC_CHECK(mark >= 0, "Coordinator: ", state_file_, " is not a coordinator's state file (no high_water=N on its ",
