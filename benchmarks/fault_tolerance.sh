@@ -11,6 +11,13 @@
 #
 # --noise-seeds: the uninterrupted replica job again with these seeds (another initialization and
 # data order), for the run-to-run noise the killed run's final accuracy is compared with.
+# --stop group|rank|partition: instead of killing, SIGSTOP a random group (all its ranks: a hang,
+# or a machine that stops answering) or one rank of it that is not its leader (its leader's
+# heartbeat goes on), and SIGCONT it --stop-for seconds later (default 3); or cut the group's
+# network off for that long (partition: each group and the coordinator on a node of their own,
+# network namespaces joined by a switch, scripts/simulate_nodes.sh --driver; needs root). The
+# replica job only, with the coordinator's default heartbeat timeout. The report then gives the
+# survivors' first commit without that group after each stop.
 #
 # Needs the torch venv (scripts/torch_env.sh). Writes OUT/<run>/ (metrics, logs, the kills) and
 # prints benchmarks/fault_tolerance_report.py's table: wall clock, steps lost per failure, the
@@ -26,6 +33,8 @@ epochs=24
 checkpoint_every=20
 delay_ms=20
 noise_seeds=""
+stop=""
+stop_for=3
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -35,9 +44,27 @@ while [[ $# -gt 0 ]]; do
     --checkpoint-every) checkpoint_every=$2; shift 2 ;;
     --delay-ms) delay_ms=$2; shift 2 ;;
     --noise-seeds) noise_seeds=$2; shift 2 ;;
+    --stop) stop=$2; shift 2 ;;
+    --stop-for) stop_for=$2; shift 2 ;;
     *) echo "fault_tolerance.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+if [[ $stop == partition && -z ${GRADSYNC_NETNS_PREFIX:-} ]]; then
+  # Again inside four simulated nodes: the groups on nodes 0-2, the coordinator on node 3.
+  exec "$root/scripts/simulate_nodes.sh" --nodes 4 --rate 10gbit --delay 50us --driver -- "$0" --out "$out" \
+    --kills "$kills" --every "$every" --epochs "$epochs" --delay-ms "$delay_ms" --stop partition --stop-for "$stop_for"
+fi
+# node K (partition): run a command there; without namespaces, here.
+node() {
+  if [[ -n ${GRADSYNC_NETNS_PREFIX:-} ]]; then
+    local k=$1
+    shift
+    ip netns exec "${GRADSYNC_NETNS_PREFIX}n$k" env GRADSYNC_GLOO_HOST="10.201.0.$((k + 1))" "$@"
+  else
+    shift
+    "$@"
+  fi
+}
 venv=${GRADSYNC_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gradsync/torch-venv}
 [[ -f $venv/.ready ]] || "$root/scripts/torch_env.sh" > /dev/null
 torchrun=("$venv/bin/python" -m torch.distributed.run --monitor-interval 0.1)
@@ -77,14 +104,43 @@ killer() {
         victim=${victims[RANDOM % ${#victims[@]}]}
         local group
         group=$(tr '\0' ' ' < "/proc/$victim/cmdline" 2>/dev/null | grep -o -- '--replica-group [0-9]*' | grep -o '[0-9]*$')
-        kill -KILL "$victim" 2>/dev/null &&
+        if [[ -n $stop ]]; then
+          stop_and_continue "$victim" "$group" || continue
+        else
+          kill -KILL "$victim" 2>/dev/null
+        fi &&
           echo "$(date +%s.%N) $step ${group:--1} $victim" >> "$run/kills.txt" && done=$((done + 1)) &&
           next=$((next + every + RANDOM % (2 * jitter + 1) - jitter))
+        # A stop: the next one only once this group is back (each stop is then measured alone).
+        [[ -n $stop ]] && sleep $((stop_for + 1)) && next=$(($(last_step "$@") + every))
       fi
     fi
     sleep 0.05
     [[ -f $run/finished ]] && break
   done
+}
+
+# stop_and_continue VICTIM GROUP (--stop): SIGSTOPs the victim's group (every rank of it) or, with
+# --stop rank, a rank of it other than its leader (the victim when it is one), in the background
+# SIGCONTs it --stop-for seconds later; fails when there is none to stop.
+stop_and_continue() {
+  local victim=$1 group=$2 targets=()
+  if [[ $stop == partition ]]; then
+    # The group's link to the switch goes down: nothing in or out, its processes run on.
+    ip -n "${GRADSYNC_NETNS_PREFIX}sw" link set "${GRADSYNC_NETNS_PREFIX}b$group" down || return 1
+    (sleep "$stop_for"; ip -n "${GRADSYNC_NETNS_PREFIX}sw" link set "${GRADSYNC_NETNS_PREFIX}b$group" up) &
+    return 0
+  elif [[ $stop == group ]]; then
+    mapfile -t targets < <(pgrep -f "^[^ ]*examples/digits_ddp .*--replica-group $group ")
+  else
+    for pid in $(pgrep -f "^[^ ]*examples/digits_ddp .*--replica-group $group "); do
+      tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=0' || targets+=("$pid")
+    done
+    targets=("${targets[@]:0:1}")
+  fi
+  ((${#targets[@]} > 0)) || return 1
+  kill -STOP "${targets[@]}" 2>/dev/null || return 1
+  (sleep "$stop_for"; kill -CONT "${targets[@]}" 2>/dev/null) &
 }
 
 # replica_job RUN KILL(0|1): the coordinator, 3 agents, the killer.
@@ -93,13 +149,18 @@ replica_job() {
   rm -rf "$run" && mkdir -p "$run"
   local port
   port=$(free_port)
-  "$build/examples/coordinator" --port "$port" --replica-groups 3 --heartbeat-timeout-ms 1000 \
+  # (--stop: the coordinator's default heartbeat timeout, which is what a stop costs)
+  local heartbeat=(--heartbeat-timeout-ms 1000)
+  [[ -n $stop ]] && heartbeat=()
+  local host=127.0.0.1 bind=()  # (partition: the coordinator on node 3)
+  [[ -n ${GRADSYNC_NETNS_PREFIX:-} ]] && host=10.201.0.4 bind=(--bind "$host")
+  node 3 "$build/examples/coordinator" --port "$port" --replica-groups 3 "${heartbeat[@]}" "${bind[@]}" \
     > "$run/coordinator.log" 2>&1 &
   local coordinator=$! agents=() start
   start=$(date +%s.%N)
   for g in 0 1 2; do
-    "${torchrun[@]}" --standalone --nproc-per-node 2 --max-restarts $((kills + 5)) --no-python "$digits" "${common[@]}" \
-      --seed "$seed" --batch 16 --replica-groups 3 --replica-group "$g" --coordinator "127.0.0.1:$port" \
+    node "$g" "${torchrun[@]}" --standalone --nproc-per-node 2 --max-restarts $((kills + 5)) --no-python "$digits" "${common[@]}" \
+      --seed "$seed" --batch 16 --replica-groups 3 --replica-group "$g" --coordinator "$host:$port" \
       --metrics "$run/group$g.jsonl" --record-samples "$run/records.jsonl" > "$run/group$g.log" 2>&1 &
     agents+=($!)
   done
@@ -136,6 +197,15 @@ restart_job() {
   [[ -n $killer_pid ]] && wait "$killer_pid"
 }
 
+if [[ -n $stop ]]; then
+  echo "fault_tolerance.sh: $kills stops (--stop $stop, ${stop_for} s each) every $every steps, $epochs epochs"
+  mkdir -p "$out"
+  echo "$stop" > "$out/stop.txt"
+  replica_job replicas_killed 1
+  python3 "$root/benchmarks/fault_tolerance_report.py" "$out"
+  exit
+fi
+rm -f "$out/stop.txt"
 echo "fault_tolerance.sh: $kills kills every $every steps, $epochs epochs, checkpoints every $checkpoint_every steps"
 replica_job replicas_plain 0
 replica_job replicas_killed 1

@@ -8,6 +8,7 @@ restarts_plain / restarts_killed: one torchrun of 6 ranks with --max-restarts an
 For the killed runs, each kill (OUT/<run>/kills.txt: unix time, committed step, group) is lined
 up with what followed it: the survivors' next committed step and the replacement's recovery
 (replica groups, from the groups' metrics' unix_time), or the step the restart resumed from.
+With OUT/stop.txt (fault_tolerance.sh --stop), the stops of the one replica run instead.
 """
 import json
 import os
@@ -53,8 +54,13 @@ def replicas(out, name):
     groups = [read_jsonl(os.path.join(run, f"group{g}.jsonl")) for g in range(3)]
     seconds, status = wall(run)
     kills = read_kills(run)
-    next_commit, rejoin = [], []
+    next_commit, rejoin, without = [], [], []
     for when, _, group in kills:
+        # (a stop: the first commit of a quorum without the stopped group, which had to be left out)
+        alone = [r["unix_time"] for g, records in enumerate(groups) if g != group for r in records
+                 if "loss" in r and "event" not in r and r["unix_time"] > when and r.get("members", 3) < 3]
+        if alone:
+            without.append(min(alone) - when)
         commits = [r["unix_time"] for g, records in enumerate(groups) if g != group for r in records
                    if "loss" in r and "event" not in r and r["unix_time"] > when]
         if commits:
@@ -67,7 +73,7 @@ def replicas(out, name):
     samples = open(os.path.join(run, "samples.txt"), encoding="utf-8").read().strip() if os.path.exists(
         os.path.join(run, "samples.txt")) else ""
     return {"run": name, "wall": seconds, "status": status, "kills": len(kills), "steps": steps,
-            "lost": len(discarded), "next_commit": next_commit, "rejoin": rejoin, "loss": loss,
+            "lost": len(discarded), "next_commit": next_commit, "rejoin": rejoin, "without": without, "loss": loss,
             "accuracy": accuracy, "samples": samples}
 
 
@@ -83,8 +89,26 @@ def restarts(out, name):
             "lost_each": lost, "loss": loss, "accuracy": accuracy}
 
 
+def stopped(out, mode):
+    """benchmarks/fault_tolerance.sh --stop: what each stop cost the other groups."""
+    run = replicas(out, "replicas_killed")
+    what = {"group": "a whole group (SIGSTOP, SIGCONT later)",
+            "rank": "one rank that is not its group's leader (SIGSTOP, SIGCONT later)",
+            "partition": "a group's network (its link down, up again later)"}[mode]
+    print(f"{run['kills']} stops of {what}; status {run['status']}, {run['steps']} steps, "
+          f"held-out accuracy {run['accuracy'] * 100:.2f}%")
+    print(f"  the survivors' first commit without the stopped group: {spread(run['without'])} "
+          f"({len(run['without'])} of {run['kills']}; each: {', '.join(f'{s:.2f}' for s in run['without'])})")
+    print(f"  the stopped group recovered and rejoined after: {spread(run['rejoin'])} "
+          f"({len(run['rejoin'])} of {run['kills']})")
+    print(f"  {run['samples']}")
+
+
 def main():
     out = sys.argv[1]
+    if os.path.exists(os.path.join(out, "stop.txt")):
+        stopped(out, open(os.path.join(out, "stop.txt"), encoding="utf-8").read().strip())
+        return
     rows = [replicas(out, "replicas_plain"), replicas(out, "replicas_killed"), restarts(out, "restarts_plain"),
             restarts(out, "restarts_killed")]
     print(f"{'run':<17}{'status':>7}{'kills':>6}{'wall s':>8}{'steps':>7}{'steps lost':>11}{'loss':>8}{'accuracy':>10}")

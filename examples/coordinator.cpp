@@ -31,7 +31,7 @@ int main(int argc, char** argv) try {
   if (flags.flag("--help")) {
     std::printf("coordinator flags:\n  --port P (29600)   --bind ADDRESS (127.0.0.1; \"\" for every interface)\n"
                 "  --replica-groups R   --min-replicas M (1)\n"
-                "  --heartbeat-timeout-ms MS (2000: a member silent this long is taken for dead)\n"
+                "  --heartbeat-timeout-ms MS (1000: a member silent this long is taken for dead)\n"
                 "  --join-timeout-ms MS (10000: how long a forming quorum waits for more groups, and one short of\n"
                 "                       --min-replicas waits before it fails)\n"
                 "  --vote-timeout-ms MS (2000: once a group reports a failed step, how long the silent ones are\n"
@@ -47,11 +47,11 @@ int main(int argc, char** argv) try {
   comm::CoordinatorOptions options;
   options.port = static_cast<int>(flags.integer("--port", 29600));
   options.bind_host = flags.text("--bind", "127.0.0.1");
-  options.replica_groups = static_cast<int>(flags.integer("--replica-groups", 1));
-  options.min_replicas = static_cast<int>(flags.integer("--min-replicas", 1));
-  options.heartbeat_timeout = std::chrono::milliseconds(flags.integer("--heartbeat-timeout-ms", 2000));
-  options.join_timeout = std::chrono::milliseconds(flags.integer("--join-timeout-ms", 10000));
-  options.vote_timeout = std::chrono::milliseconds(flags.integer("--vote-timeout-ms", 2000));
+  options.replica_groups = static_cast<int>(flags.count("--replica-groups", 1));
+  options.min_replicas = static_cast<int>(flags.count("--min-replicas", 1));
+  options.heartbeat_timeout = std::chrono::milliseconds(flags.count("--heartbeat-timeout-ms", 1000));
+  options.join_timeout = std::chrono::milliseconds(flags.count("--join-timeout-ms", 10000));
+  options.vote_timeout = std::chrono::milliseconds(flags.count("--vote-timeout-ms", 2000));
   options.state_file = flags.text("--state-file", "");
   options.accept_lost_steps = flags.flag("--accept-lost-steps");
   options.quiet = flags.flag("--quiet");

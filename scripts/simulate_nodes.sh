@@ -12,6 +12,11 @@
 #   sudo scripts/simulate_nodes.sh [--nodes 2] [--ranks-per-node 2] [--rate 1gbit] [--delay 100us] \
 #        [--measure-link] -- PROGRAM [ARGS...]
 #   scripts/simulate_nodes.sh --check     exit 0 when it can run here; else 77, saying why
+#   sudo scripts/simulate_nodes.sh --nodes N --driver -- PROGRAM [ARGS...]
+#        the nodes only: PROGRAM runs once, here, with GRADSYNC_NETNS_PREFIX=P set, and starts what
+#        it wants in them (`ip netns exec Pn<k> ...`; node k is 10.201.0.<k+1>) and may cut a node
+#        off and join it again (`ip -n Psw link set Pb<k> down|up`); benchmarks/fault_tolerance.sh
+#        --stop partition does.
 #
 # Traffic only ever goes to the namespaces' own addresses (10.201.0.0/24, which exists only
 # inside them); the namespaces are deleted on exit, whatever happens.
@@ -27,6 +32,7 @@ rate=1gbit
 delay=100us
 check_only=false
 measure=false
+driver=false
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -35,6 +41,7 @@ while [[ $# -gt 0 ]]; do
     --delay) delay=$2; shift 2 ;;
     --check) check_only=true; shift ;;
     --measure-link) measure=true; shift ;;
+    --driver) driver=true; shift ;;
     --) shift; break ;;
     *) echo "simulate_nodes.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -124,6 +131,10 @@ EOF
 fi
 
 [[ $# -gt 0 ]] || exit 0
+if $driver; then
+  GRADSYNC_NETNS_PREFIX=$prefix "$@"
+  exit $?
+fi
 port=$((20000 + RANDOM % 20000))
 token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 pids=()

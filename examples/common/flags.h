@@ -17,13 +17,17 @@ class Flags {
   Flags(int argc, char** argv);
   std::string text(const std::string& name, const std::string& fallback);
   std::int64_t integer(const std::string& name, std::int64_t fallback);
+  // An integer that counts something: refused, naming the flag, below `minimum` (a negative
+  // --epochs trained nothing and exited 0).
+  std::int64_t count(const std::string& name, std::int64_t fallback, std::int64_t minimum = 1);
   double number(const std::string& name, double fallback);
   bool flag(const std::string& name);  // a switch without value
   bool given(const std::string& name) const;  // on the command line (not its fallback)
   // A flag of the form RANK:NUMBER (--delay-rank, --kill-rank); nullopt when it is not given.
   // `number` names the second part in the error.
   std::optional<std::pair<int, std::int64_t>> rank_and_number(const std::string& name, const char* number);
-  void finish() const;                 // throws naming unknown flags
+  // Throws naming unknown flags, each with the known flag nearest to it ("did you mean --epochs?").
+  void finish() const;
 
  private:
   std::map<std::string, std::string> values_;

@@ -17,8 +17,10 @@ const char* const kReplicaGroupHelp =
     "  --replica-groups R --replica-group G --coordinator HOST:PORT (build/examples/coordinator serves it)\n"
     "  --cross-timeout-ms MS (every operation across the groups: 10000; a quorum's meeting: at most 5000)\n"
     "  --record-samples FILE\n"
-    "  --ft-die PHASE:GROUP.RANK@STEP (fault injection: reduce | quorum | recovery | gather)\n"
-    "  --batch is each group's batch; the run ends when --epochs of samples are consumed (or --max-steps)";
+    "  --ft-die PHASE:GROUP.RANK@STEP (fault injection: reduce | quorum | gather, or a recovery source's\n"
+    "    moment: named | started | halfway | sent)\n"
+    "  --batch means in each group what it means without groups; the run ends where the trainer's does\n"
+    "    (digits_ddp: --epochs of samples consumed, or --max-steps; gpt_ddp: --steps committed)";
 
 ReplicaGroupOptions parse_replica_group_options(Flags& flags) {
   ReplicaGroupOptions options;
@@ -26,7 +28,7 @@ ReplicaGroupOptions parse_replica_group_options(Flags& flags) {
   options.group = static_cast<int>(flags.integer("--replica-group", -1));
   const std::string coordinator = flags.text("--coordinator", "");
   options.record = flags.text("--record-samples", "");
-  options.timeout_ms = flags.integer("--cross-timeout-ms", 10000);
+  options.timeout_ms = flags.count("--cross-timeout-ms", 10000);
   const std::string die = flags.text("--ft-die", "");
   if (!options.enabled()) {
     GRADSYNC_CHECK(coordinator.empty() && die.empty() && options.record.empty(), "--coordinator, --ft-die and ",
@@ -47,9 +49,9 @@ ReplicaGroupOptions parse_replica_group_options(Flags& flags) {
                    "--ft-die '", die, "': expected PHASE:GROUP.RANK@STEP (e.g. reduce:1.0@40)");
     options.die_phase = phase;
     options.die_step = step;
-    GRADSYNC_CHECK(options.die_phase == "reduce" || options.die_phase == "quorum" || options.die_phase == "recovery" ||
-                       options.die_phase == "gather",
-                   "--ft-die '", die, "': the phase is reduce, quorum, recovery or gather");
+    const std::vector<std::string> phases = {"reduce", "quorum", "gather", "named", "started", "halfway", "sent"};
+    GRADSYNC_CHECK(std::find(phases.begin(), phases.end(), options.die_phase) != phases.end(), "--ft-die '", die,
+                   "': the phase is reduce, quorum or gather, or a recovery's named, started, halfway or sent");
   }
   return options;
 }
@@ -66,6 +68,11 @@ std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOpt
   ft.coordinator.cross_options.rendezvous_timeout = std::chrono::milliseconds(std::min<std::int64_t>(options.timeout_ms, 5000));
   ft.samples_per_group = samples_per_group;
   ft.zero = zero;
+  // --ft-die at a recovery's moments: inside the library's transfer, so through its hook.
+  const int rank = group.rank();
+  ft.on_recovery_moment = [options, rank](const std::string& moment, int, std::int64_t step) {
+    die_if_asked(options, moment, rank, step);
+  };
   return std::make_unique<dist::FaultTolerance>(registry, optimizer, group, ft);
 }
 
@@ -78,7 +85,10 @@ void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, 
   if (restarts != nullptr && std::string(restarts) != "0") return;  // the first attempt only
   std::fprintf(stderr, "replica group %d rank %d: --ft-die: stopping at '%s' after step %lld\n", options.group, rank,
                phase.c_str(), static_cast<long long>(step));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are inside the phase by now
+  // Inside a phase every rank takes part in, 0.3 s more puts the others in it too; a recovery's
+  // moment is the newcomer's, and it is there already.
+  const bool recovery_moment = phase == "named" || phase == "started" || phase == "halfway" || phase == "sent";
+  if (!recovery_moment) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::raise(SIGKILL);
 }
 
@@ -147,7 +157,6 @@ int ReplicaGroupRun::run(const std::string& name,
   std::vector<std::int64_t> rows(static_cast<std::size_t>(t.local_batch));
   while (ft_->position() < total && (trainer_.max_steps < 0 || ft_->step() < trainer_.max_steps)) {
     if (rank == trainer_.delay_rank) std::this_thread::sleep_for(std::chrono::milliseconds(trainer_.delay_ms));
-    if (!ft_->quorum().recovering.empty()) maybe_die("recovery");
     const comm::Quorum& quorum = ft_->start_step();
     const std::int64_t first = ft_->first_sample() + rank * t.local_batch;
     for (std::int64_t j = 0; j < t.local_batch; ++j) {

@@ -33,8 +33,9 @@ struct ReplicaGroupOptions {
   std::int64_t timeout_ms = 10000;    // --cross-timeout-ms: every operation across the groups
   // --ft-die PHASE:GROUP.RANK@STEP (fault injection, first attempt only): that rank stops at
   // PHASE once STEP steps have committed and is killed 0.3 s later, while the others are inside
-  // the phase: reduce (the cross-group reduction), quorum (the vote), recovery (sending the state
-  // to a newcomer), gather (ZeRO's parameter gather inside its group).
+  // the phase: reduce (the cross-group reduction), quorum (the vote), gather (ZeRO's parameter
+  // gather inside its group), or a recovery source's moment (FaultToleranceOptions::
+  // on_recovery_moment): named, started, halfway, sent (the newcomer verifying).
   std::string die_phase;
   int die_group = -1, die_rank = -1;
   std::int64_t die_step = 0;

@@ -7,6 +7,11 @@ steps must follow one another without a gap (step s+1 starts where step s ended)
 that recorded a step must agree on it, and the slices of one step must be distinct places of
 it. So the committed steps trained the stream's samples [0, end) exactly once each.
 
+The job never goes back: each group's lines (appended, one write each) must name ever higher
+steps. A group that committed a step at or below one it had committed before was in a quorum
+formed below the high-water mark. (Across groups the lines need not be in order: a group stopped
+between a commit and its line writes it late.) A step committed twice is caught above too.
+
     check_samples.py RECORDS [--at-least N]   N: the samples the run had to consume
 """
 import json
@@ -17,9 +22,15 @@ def main():
     path = sys.argv[1]
     at_least = int(sys.argv[sys.argv.index("--at-least") + 1]) if "--at-least" in sys.argv else 0
     steps = {}
+    highest = {}
     with open(path, encoding="utf-8") as records:
         for number, line in enumerate(records, 1):
             record = json.loads(line)
+            before = highest.get(record["group"], 0)
+            if record["step"] <= before:
+                sys.exit(f"{path}:{number}: group {record['group']} committed step {record['step']} after it had "
+                         f"committed step {before}: the job went back")
+            highest[record["group"]] = record["step"]
             steps.setdefault(record["step"], []).append((number, record))
     if not steps:
         sys.exit(f"{path}: no committed step recorded")

@@ -6,9 +6,11 @@
 #   fault_tolerance.sh CASE BUILD_DIR SOURCE_DIR
 # CASE:
 #   phases               a rank stops inside each phase in turn while the others are in it: the
-#                        cross-group reduction, the vote (a group's leader), the recovery transfer
-#                        (the sender; its newcomer recovers from another group), ZeRO 2's
-#                        parameter gather inside a group. Each time the job goes on without
+#                        cross-group reduction, the vote (a group's leader), ZeRO 2's parameter
+#                        gather inside a group, and a recovery source at each moment of its
+#                        transfer (named, started, halfway, sent: its newcomer recovers from
+#                        another group). phase:NAME runs one; recovery the four moments;
+#                        FT_REPEAT=N repeats it N times in a row. Each time the job goes on without
 #                        stopping, the group comes back and recovers, every group ends on the
 #                        same step with the same model, and no sample is lost or trained twice.
 #   coordinator_restart  (ZeRO 1 inside the groups) the coordinator is killed mid-run and started
@@ -97,7 +99,7 @@ run_job() {
   sed 's/^/   coordinator: /' "$scratch/coordinator.log" | grep -v "waiting for groups" | head -20
   for g in 0 1 2; do grep -E "discarded|recovered|sent|failed|started again|stopping|done at" "$scratch/group$g.log" |
     sed "s/^/   group $g: /" | head -12; done
-  ((status == 0)) || { fail "$name: a group did not finish"; tail -20 "$scratch"/group*.log; return; }
+  ((status == 0)) || { fail "$name: a group did not finish"; tail -n 20 "$scratch"/group*.log; return; }
   python3 "$source/tests/examples/check_samples.py" "$scratch/records.jsonl" --at-least $((1437 * epochs)) ||
     fail "$name: samples"
   same_finals "$name"
@@ -114,10 +116,13 @@ same_finals() {
 }
 
 case $case_name in
-  phases | phase:*)
-    # phase:NAME runs one of them, and shows its groups' logs.
+  phases | phase:* | recovery)
+    # phase:NAME runs one of them (and shows its groups' logs when it fails); recovery runs the
+    # four recovery moments. FT_REPEAT=N runs it N times in a row, stopping at the first failure.
     only=${case_name#phase:}
-    want() { [[ $case_name == phases || $only == "$1" ]]; }
+    want() { [[ $case_name == phases || $only == "$1" || ($case_name == recovery && $1 =~ ^(named|started|halfway|sent)$) ]]; }
+    for ((round = 1; round <= ${FT_REPEAT:-1}; round++)); do
+    ((${FT_REPEAT:-1} == 1)) || echo "==== round $round of $FT_REPEAT"
     if want reduce; then
       # Its replacement starts 1 s late: the other two train on as a quorum of two meanwhile.
       restart_delay=1 run_job reduce "" "--ft-die reduce:1.1@30" ""
@@ -130,18 +135,29 @@ case $case_name in
       run_job quorum "" "" "--ft-die quorum:2.0@30"
       grep -q "recovered" "$scratch/group2.log" || fail "quorum: group 2 did not recover"
     fi
-    # Group 2 dies first; when it comes back, its source (group 0, the first up-to-date group)
-    # stops instead of sending: group 2 then recovers from group 1, and group 0 comes back too.
-    if want recovery; then
-      run_job recovery "--ft-die recovery:0.0@25" "" "--ft-die reduce:2.1@25"
-      grep -q "stopping at 'recovery'" "$scratch/group0.log" || fail "recovery: group 0 never was a source"
-      grep -q "recovered.*from group 1" "$scratch/group2.log" || fail "recovery: group 2 did not recover from group 1"
-    fi
+    # A recovery source dies at each moment of a transfer. Group 2 dies first; when it comes
+    # back, its source (group 0's rank 0, the first up-to-date group) is killed when it has been
+    # named, has sent the header, the values (halfway), or everything (the newcomer verifying).
+    # The coordinator takes the newcomer for lost with its source (it cannot vote before its
+    # transfer times out), so the survivors go on at once; group 2 recovers at a later quorum from
+    # another source (or adopts what it verified), group 0 comes back and recovers too, and the job never goes below its highest committed step (check_samples.py:
+    # the committed steps are recorded in order, without a gap or a repeat).
+    for moment in named started halfway sent; do
+      want "$moment" || continue
+      run_job "$moment" "--ft-die $moment:0.0@25" "" "--ft-die reduce:2.1@25"
+      grep -q "stopping at '$moment'" "$scratch/group0.log" || fail "$moment: group 0 never was a source"
+      grep -q "recovered" "$scratch/group2.log" || fail "$moment: group 2 did not recover"
+      grep -q "recovered" "$scratch/group0.log" || fail "$moment: group 0 did not recover"
+      # The newcomer is lost with its source: nobody waits for its vote until the vote timeout.
+      ! grep -q "did not vote within" "$scratch/coordinator.log" || fail "$moment: the others waited for the newcomer"
+    done
     if want gather; then
       run_job gather "--zero 2" "--zero 2 --ft-die gather:1.1@30" "--zero 2"
       grep -q "recovered" "$scratch/group1.log" || fail "gather: group 1 did not recover"
     fi
-    [[ $case_name == phases ]] || for g in 0 1 2; do sed "s/^/   group $g: /" "$scratch/group$g.log"; done
+    ((failed == 0)) || break
+    done
+    [[ $case_name == phase:* && $failed != 0 ]] && for g in 0 1 2; do sed "s/^/   group $g: /" "$scratch/group$g.log"; done
     ;;
   coordinator_restart)
     rm -f "$scratch"/group*.log "$scratch/records.jsonl"
@@ -161,7 +177,7 @@ case $case_name in
     kill -TERM "$coordinator" 2>/dev/null
     grep -v "waiting for groups" "$scratch/coordinator.log" | sed 's/^/   coordinator: /' | head
     for g in 0 1 2; do grep -E "done at" "$scratch/group$g.log" | sed "s/^/   group $g: /"; done
-    ((status == 0)) || { fail "coordinator_restart: a group did not finish"; tail -20 "$scratch"/group*.log; }
+    ((status == 0)) || { fail "coordinator_restart: a group did not finish"; tail -n 20 "$scratch"/group*.log; }
     if $had_state; then
       grep -q "the high-water mark from $scratch/coordinator.state: step [1-9]" "$scratch/coordinator.log" ||
         fail "coordinator_restart: the restarted coordinator did not read the high-water mark from its state file"
@@ -222,7 +238,7 @@ case $case_name in
     kill -TERM "$coordinator" 2>/dev/null
     grep -v "waiting for groups" "$scratch/coordinator.log" | sed 's/^/   coordinator: /' | head
     for g in 0 1 2; do grep -E "discarded|recovered|stopping|failed" "$scratch/group$g.log" | sed "s/^/   group $g: /" | head -5; done
-    ((status == 0)) || { fail "gpt: a group did not finish"; tail -20 "$scratch"/group*.log; }
+    ((status == 0)) || { fail "gpt: a group did not finish"; tail -n 20 "$scratch"/group*.log; }
     grep -q "recovered" "$scratch/group1.log" || fail "gpt: group 1 did not recover"
     cmp "$scratch/gpt0.safetensors" "$scratch/gpt1.safetensors" && cmp "$scratch/gpt0.safetensors" "$scratch/gpt2.safetensors" &&
       echo "   the three groups saved the same bytes" || fail "gpt: the groups ended apart"

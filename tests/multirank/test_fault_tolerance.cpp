@@ -5,7 +5,9 @@
 // back, a coordinator restart between steps, a quorum short of min_replicas, and groups that
 // disagree; never backwards (a recovery source that hangs as the recovery starts is waited for,
 // every group lost ends naming the lost step, across a coordinator restart too), a newcomer that
-// disagrees refused alone, a second copy of a group superseding the first. (Processes killed in
+// disagrees refused alone, a second copy of a group superseding the first; a hung group, or one
+// silent rank of a group whose leader beats, costs the others a heartbeat; a claim beyond every
+// step a quorum reached is never a recovery source. (Processes killed in
 // each phase, under a launcher that restarts them: tests/examples/fault_tolerance.sh.)
 #include <gtest/gtest.h>
 
@@ -319,6 +321,46 @@ TEST(FaultTolerance, ARecoverySourceThatHangsIsWaitedForNeverSteppingBack) {
   EXPECT_GE(coordinator.counters().recoveries, 2);  // the first recovery failed, the second landed
 }
 
+// A process claims step 999999 (a state no quorum made: a bug, a wrong file, a token holder):
+// nobody vouches for it, so it is never named a source; it is told to recover from a group at
+// the real step, the high-water mark stays where the quorums took it, and the honest groups end
+// alike when it goes away.
+TEST(FaultTolerance, AClaimNoQuorumReachedIsNeverASource) {
+  comm::CoordinatorOptions options = coordinator_options(3);
+  options.join_timeout = Ms(300);
+  comm::Coordinator coordinator(options);
+  std::atomic<bool> at_four{false};
+  comm::Quorum told;
+  std::vector<std::vector<double>> finals(2);
+  run_groups(3, [&](int g) {
+    if (g == 2) {
+      while (!at_four) std::this_thread::sleep_for(Ms(5));
+      comm::QuorumClientOptions liar;
+      liar.port = coordinator.port();
+      liar.token = "test-token";
+      liar.group = 2;
+      liar.agreement = "samples_per_group=10 parameters=4";
+      comm::QuorumClient client(liar, true);
+      told = client.join(999999);
+      client.leave("failed");
+      return;
+    }
+    dist::FaultToleranceOptions mine = options_for(coordinator.port(), g);
+    mine.coordinator.cross_options.rendezvous_timeout = Ms(500);  // the liar never comes to its recovery
+    Group group(1.0f, mine);
+    while (group.ft->step() < 10 || group.ran_with != 2 || !group.committed) {
+      group.step(static_cast<float>(g + 1));
+      if (group.ft->step() >= 4) at_four = true;
+      std::this_thread::sleep_for(Ms(5));
+    }
+    finals[static_cast<std::size_t>(g)] = group.values();
+  });
+  EXPECT_GE(told.recover_from, 0) << told.describe();
+  EXPECT_LT(told.step, 100) << told.describe();
+  EXPECT_LT(coordinator.counters().high_water, 100);
+  EXPECT_EQ(finals[0], finals[1]);
+}
+
 // Every group lost at step 4: fresh groups (at step 0) are not given a quorum; they end with an
 // error naming the lost step, also from a coordinator started again over its state file. With
 // accept_lost_steps (a restart from a checkpoint, on purpose) they go on from step 0.
@@ -506,6 +548,50 @@ TEST(FaultTolerance, AHungGroupCostsAHeartbeatNotTheCrossTimeout) {
   }
   EXPECT_EQ(finals[0], finals[1]);
   EXPECT_EQ(finals[0], finals[2]);
+}
+
+// Rank 1 of group 0 stops (its heartbeat with it) while group 0's leader beats on, waiting for it
+// inside the group and never voting: the coordinator takes group 0 for lost within its heartbeat
+// timeout, tells group 1 (which would otherwise wait on it across the groups until its timeout),
+// and the next quorum goes on without it.
+TEST(FaultTolerance, ASilentRankIsLostWhileItsLeaderBeats) {
+  comm::CoordinatorOptions options = coordinator_options(2);
+  options.heartbeat_timeout = Ms(500);
+  options.join_timeout = Ms(300);
+  comm::Coordinator coordinator(options);
+  auto client_options = [&](int group) {
+    comm::QuorumClientOptions mine;
+    mine.port = coordinator.port();
+    mine.token = "test-token";
+    mine.group = group;
+    mine.group_size = 2;
+    mine.heartbeat_every = Ms(50);
+    return mine;
+  };
+  auto leader0 = std::make_unique<comm::QuorumClient>(client_options(0), true);
+  auto rank1 = std::make_unique<comm::QuorumClient>(client_options(0), false);
+  rank1->keep_alive(leader0->incarnation(), 1);
+  comm::QuorumClient leader1(client_options(1), true);
+  comm::Quorum quorum0, quorum1;
+  run_groups(2, [&](int g) { (g == 0 ? quorum0 : quorum1) = g == 0 ? leader0->join(0) : leader1.join(0); });
+  ASSERT_EQ(quorum1.members, (std::vector<int>{0, 1})) << quorum1.describe();
+  std::this_thread::sleep_for(Ms(800));  // beyond the timeout: every rank beats, nobody is lost
+  EXPECT_EQ(leader1.lost_from(quorum1.id), "");
+  using Clock = std::chrono::steady_clock;
+  const auto stopped = Clock::now();
+  rank1.reset();  // stopped: its heartbeat ends, its leader's goes on
+  std::string lost;
+  while (lost.empty() && Clock::now() - stopped < Ms(5000)) {
+    std::this_thread::sleep_for(Ms(10));
+    lost = leader1.lost_from(quorum1.id);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - stopped).count();
+  EXPECT_EQ(lost, "0");
+  EXPECT_GT(seconds, 0.4);
+  EXPECT_LT(seconds, 1.5) << "the heartbeat timeout is 0.5 s";
+  const comm::Quorum next = leader1.vote(quorum1, 0, false);
+  EXPECT_FALSE(next.committed);
+  EXPECT_EQ(next.members, (std::vector<int>{1})) << next.describe();
 }
 
 // A quorum's keys (its Gloo rendezvous) go when the next quorum forms: over many quorum changes

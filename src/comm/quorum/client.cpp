@@ -169,13 +169,15 @@ struct QuorumClient::State {
     }
   }
 
-  void beat() {
+  // The leader beats for the group, rank > 0 for itself with the leader's incarnation.
+  void beat(int rank, const std::string& group_incarnation) {
+    const std::string key = rank == 0 ? heartbeat_key(options.group) : rank_heartbeat_key(options.group, rank);
     std::int64_t beats = 0;
     while (!stopping) {
       try {
-        const std::string value = "inc=" + incarnation + " n=" + std::to_string(++beats);
+        const std::string value = "inc=" + group_incarnation + " n=" + std::to_string(++beats);
         std::shared_ptr<TcpStore> s = current(false);
-        s->set(heartbeat_key(options.group), std::vector<char>(value.begin(), value.end()));
+        s->set(key, std::vector<char>(value.begin(), value.end()));
       } catch (const std::exception&) {
         try {
           current(true);  // the coordinator restarting: a new connection, or the next beat tries again
@@ -201,7 +203,15 @@ QuorumClient::QuorumClient(const QuorumClientOptions& options, bool leader) : st
   std::random_device entropy;
   state.incarnation = std::to_string(entropy()) + std::to_string(entropy());
   state.current(false);
-  if (leader) state.heartbeat = std::thread([raw = state_.get()] { raw->beat(); });
+  if (leader) state.heartbeat = std::thread([raw = state_.get()] { raw->beat(0, raw->incarnation); });
+}
+
+const std::string& QuorumClient::incarnation() const { return state_->incarnation; }
+
+void QuorumClient::keep_alive(const std::string& group_incarnation, int rank) {
+  GRADSYNC_CHECK(!state_->leader && rank > 0 && !state_->heartbeat.joinable(), "QuorumClient::keep_alive(rank ", rank,
+                 "): for a group's other ranks, once (the leader beats from the start)");
+  state_->heartbeat = std::thread([raw = state_.get(), group_incarnation, rank] { raw->beat(rank, group_incarnation); });
 }
 
 QuorumClient::~QuorumClient() {

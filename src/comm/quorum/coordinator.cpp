@@ -17,6 +17,7 @@
 #include "gradsync/core/error.h"
 #include "high_water.h"
 #include "incarnations.h"
+#include "liveness.h"
 #include "lines.h"
 #include "settings.h"
 
@@ -40,22 +41,19 @@ struct Coordinator::State {
     std::string agreement;  // QuorumClientOptions::agreement
     bool answered = true;
   };
-  struct Heartbeat {
-    std::string incarnation;
-    Clock::time_point seen{};
-  };
 
   CoordinatorOptions options;
   std::shared_ptr<TcpStoreServer> server;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Request> requests;
-  std::vector<Heartbeat> heartbeats;
+  std::optional<Liveness> liveness;  // every rank's heartbeat (liveness.h)
   // The current quorum: its id, its members and the incarnation each had when it joined.
   std::int64_t quorum_id = -1;
   std::int64_t last_id = -1;
   std::vector<int> members;
   std::map<int, std::string> member_incarnation;
+  std::map<int, int> source_of;  // the current quorum's newcomers and whom they recover from
   Clock::time_point waiting_since{};  // the first unanswered request without a quorum
   Clock::time_point failure_seen{};   // this round's first vote reporting a failure
   std::optional<HighWaterMark> high_water;  // never backwards (high_water.h)
@@ -69,9 +67,17 @@ struct Coordinator::State {
   void heard(const std::string& key, const std::string& value) {
     const bool request = key.rfind("ft/req/", 0) == 0;
     if (!request && key.rfind("ft/hb/", 0) != 0) return;
-    int group = -1;
+    // "ft/req/G", "ft/hb/G" (a leader's beat) or "ft/hb/G/R" (rank R's).
+    int group = -1, rank = 0;
     try {
-      group = std::stoi(key.substr(request ? 7 : 6));
+      const std::string rest = key.substr(request ? 7 : 6);
+      std::size_t used = 0;
+      group = std::stoi(rest, &used);
+      if (used < rest.size()) {
+        if (request || rest[used] != '/') return;
+        rank = std::stoi(rest.substr(used + 1));
+        if (rank < 1 || rank > 65535) return;
+      }
     } catch (const std::exception&) {
       return;
     }
@@ -81,7 +87,7 @@ struct Coordinator::State {
     const auto incarnation = fields.find("inc");
     if (incarnation == fields.end() || !current_incarnation(group, incarnation->second)) return;
     if (!request) {
-      heartbeats[group] = {incarnation->second, Clock::now()};
+      liveness->beat(group, rank, incarnation->second, Clock::now());
       return;
     }
     Request& latest = requests[group];
@@ -97,8 +103,8 @@ struct Coordinator::State {
               static_cast<int>(field_int(fields, "places", 0)),
               fields.count("agree") ? decode_text(fields.at("agree")) : "",
               false};
-    // A request is proof of life too.
-    heartbeats[group] = {incarnation->second, Clock::now()};
+    // A request is proof of its leader's life too.
+    liveness->beat(group, 0, incarnation->second, Clock::now());
     changed.notify_all();
   }
 
@@ -115,10 +121,8 @@ struct Coordinator::State {
   }
 
   bool alive(int group, Clock::time_point now) const {
-    const Heartbeat& heartbeat = heartbeats[group];
     const Request& request = requests[group];
-    return heartbeat.incarnation == request.incarnation && request.kind != "leave" &&
-           now - heartbeat.seen < options.heartbeat_timeout;
+    return request.kind != "leave" && liveness->alive(group, request.incarnation, now);
   }
 
   void answer(int group, const std::string& text) {
@@ -176,7 +180,7 @@ struct Coordinator::State {
   bool at_or_above_high_water(const std::vector<int>& next, std::int64_t step, Clock::time_point now) {
     const HighWaterMark::Verdict verdict =
         high_water->check(next, step, now, [&](int group, const std::string& incarnation) {
-          return heartbeats[group].incarnation == incarnation && now - heartbeats[group].seen < options.heartbeat_timeout;
+          return liveness->alive(group, incarnation, now);
         });
     if (!verdict.say.empty()) say(verdict.say);
     if (verdict.kind == HighWaterMark::Verdict::form) return true;
@@ -207,6 +211,13 @@ struct Coordinator::State {
         waiting_for.push_back(member);
       }
     }
+    // A newcomer whose recovery source is lost cannot vote before its transfer times out: it is
+    // lost with its source (and joins again when it asks), not waited for past vote_timeout.
+    const auto orphans = std::stable_partition(waiting_for.begin(), waiting_for.end(), [&](int member) {
+      return !source_of.count(member) || std::find(lost.begin(), lost.end(), source_of[member]) == lost.end();
+    });
+    lost.insert(lost.end(), orphans, waiting_for.end());
+    waiting_for.erase(orphans, waiting_for.end());
     if (!waiting_for.empty() && !lost.empty() && quorum_id >= 0) {
       // Members are gone (silent, superseded, said goodbye) while others still run the step, likely
       // waiting on them across the groups: say so once, and they give it up (FaultTolerance).
@@ -214,8 +225,10 @@ struct Coordinator::State {
       if (broken != broken_said) {
         broken_said = broken;
         tcp_store_server_set(*server, broken_key(), broken);
+        std::string silent;  // a hung rank is worth naming: its group's leader may look fine
+        for (const int member : lost) silent += liveness->why_silent(member, requests[member].incarnation, now);
         say("quorum " + std::to_string(quorum_id) + ": groups " + join_ints(lost) + " lost while groups " +
-            join_ints(waiting_for) + " still run the step: told to give it up");
+            join_ints(waiting_for) + " still run the step: told to give it up" + silent);
       }
     }
     if (!waiting_for.empty()) {
@@ -297,22 +310,24 @@ struct Coordinator::State {
     }
     // The members' states after this decision, and who recovers from whom.
     std::map<int, std::int64_t> steps;
+    std::vector<int> unvouched;
     for (const int group : next) {
       const bool voted = std::find(voters.begin(), voters.end(), group) != voters.end();
       steps[group] = requests[group].step + (voted && commit ? 1 : 0);
+      if (!voted && last_id >= 0 && steps[group] > high_water->step()) unvouched.push_back(group);
+    }
+    // A claim beyond every step this coordinator's quorums reached is vouched for by nobody (a
+    // state no quorum made): never a source, it recovers like a newcomer. (Before its first
+    // quorum, a restarted coordinator's mark may lag its state file's by 100 ms: no judgement.)
+    if (!unvouched.empty() && unvouched.size() < next.size()) {
+      say("groups " + join_ints(unvouched) + " claim a step beyond " + std::to_string(high_water->step()) +
+          ", the highest any quorum reached: no member vouches for it; they recover from one that holds it");
+      for (const int group : unvouched) steps[group] = -1;
     }
     std::int64_t step = 0;
     for (const auto& [group, at] : steps) step = std::max(step, at);
     if (!at_or_above_high_water(next, step, now)) return;
-    std::vector<int> sources;
-    for (const auto& [group, at] : steps) {
-      if (at == step) sources.push_back(group);
-    }
-    std::map<int, int> source_of;
-    std::size_t turn = 0;
-    for (const auto& [group, at] : steps) {
-      if (at < step) source_of[group] = sources[turn++ % sources.size()];
-    }
+    const std::map<int, int> sources = HighWaterMark::recovery_sources(steps, step);
     const bool same_members = next == members;
     std::int64_t id = quorum_id;
     // A new id whenever anything may have broken the old communicators: other members, the same
@@ -328,17 +343,17 @@ struct Coordinator::State {
     for (const int group : next) {
       const bool voted = std::find(voters.begin(), voters.end(), group) != voters.end();
       std::vector<int> recovering;
-      for (const auto& [healer, source] : source_of) {
+      for (const auto& [healer, source] : sources) {
         if (source == group) recovering.push_back(healer);
       }
-      const auto source = source_of.find(group);
+      const auto source = sources.find(group);
       answer(group, common + " commit=" + (voted && commit ? "1" : "0") +
-                        " from=" + std::to_string(source == source_of.end() ? -1 : source->second) +
+                        " from=" + std::to_string(source == sources.end() ? -1 : source->second) +
                         " recovering=" + join_ints(recovering));
     }
     ++counters.decisions;
     if (!voters.empty()) ++(commit ? counters.commits : counters.discards);
-    counters.recoveries += static_cast<std::int64_t>(source_of.size());
+    counters.recoveries += static_cast<std::int64_t>(sources.size());
     if (id != quorum_id) {
       // The older quorums' keys (their rendezvous) are needed by nobody: every live member of the
       // last one voted, so it met; a member still meeting an older one has been left out.
@@ -346,9 +361,9 @@ struct Coordinator::State {
       std::string line = "quorum " + std::to_string(id) + ": groups " + join_ints(next) + " at step " + std::to_string(step);
       if (!voters.empty()) line += commit ? " (the step committed)" : " (the step was discarded)";
       if (!lost.empty()) line += ", lost groups " + join_ints(lost);
-      if (!source_of.empty()) {
+      if (!sources.empty()) {
         line += ", recovering";
-        for (const auto& [healer, source] : source_of) line += " " + std::to_string(healer) + "<-" + std::to_string(source);
+        for (const auto& [healer, source] : sources) line += " " + std::to_string(healer) + "<-" + std::to_string(source);
       }
       say(line);
     }
@@ -356,6 +371,7 @@ struct Coordinator::State {
     for (const int group : next) reached[group] = requests[group].incarnation;
     high_water->reached(step, reached);
     counters.high_water = high_water->step();
+    source_of = sources;
     member_incarnation.clear();
     for (const int group : next) member_incarnation[group] = requests[group].incarnation;
     members = next;
@@ -401,7 +417,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options) : state_(std::make_s
   state.options = options;
   const auto groups = static_cast<std::size_t>(options.replica_groups);
   state.requests.resize(groups);
-  state.heartbeats.resize(groups);
+  state.liveness.emplace(options.replica_groups, options.heartbeat_timeout);
   state.incarnations.emplace(options.replica_groups);
   state.high_water.emplace(options.state_file, options.accept_lost_steps, options.join_timeout);
   if (const std::string loaded = state.high_water->load(); !loaded.empty()) state.say(loaded);

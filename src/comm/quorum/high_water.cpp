@@ -104,4 +104,17 @@ void HighWaterMark::write(const std::string& path, const std::string& line) {
   file.commit();
 }
 
+std::map<int, int> HighWaterMark::recovery_sources(const std::map<int, std::int64_t>& steps, std::int64_t step) {
+  std::vector<int> sources;
+  for (const auto& [group, at] : steps) {
+    if (at == step) sources.push_back(group);
+  }
+  std::map<int, int> source_of;
+  std::size_t turn = 0;
+  for (const auto& [group, at] : steps) {
+    if (at < step) source_of[group] = sources[turn++ % sources.size()];
+  }
+  return source_of;
+}
+
 }  // namespace gradsync::comm

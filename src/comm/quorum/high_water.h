@@ -43,6 +43,10 @@ class HighWaterMark {
     return check(next, step, now, holder_alive);
   }
 
+  // Who recovers from whom in a quorum at `step`: each member behind it (`steps`: member -> its
+  // step) from a member that holds it, the newcomers dealt to the holders in turn.
+  static std::map<int, int> recovery_sources(const std::map<int, std::int64_t>& steps, std::int64_t step);
+
   // A quorum of `members` (group -> incarnation) formed at `step`.
   void reached(std::int64_t step, const std::map<int, std::string>& members);
 

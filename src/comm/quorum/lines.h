@@ -69,6 +69,10 @@ inline std::string decode_text(std::string text) {
 inline std::string request_key(int group) { return "ft/req/" + std::to_string(group); }
 inline std::string answer_key(int group) { return "ft/ans/" + std::to_string(group); }
 inline std::string heartbeat_key(int group) { return "ft/hb/" + std::to_string(group); }
+// Rank R > 0 of a group beats here, with its leader's incarnation (liveness.h).
+inline std::string rank_heartbeat_key(int group, int rank) {
+  return heartbeat_key(group) + "/" + std::to_string(rank);
+}
 // The incarnations of a group that a newer one superseded: "newest=INC superseded=INC,INC".
 inline std::string fence_key(int group) { return "ft/fence/" + std::to_string(group); }
 // The quorum whose members the coordinator has lost while others still run its step:

@@ -53,6 +53,10 @@ FaultTolerance::FaultTolerance(ParameterRegistry& registry, optim::Optimizer* op
   options_.coordinator.agreement = "samples_per_group=" + std::to_string(options_.samples_per_group) +
                                    " parameters=" + std::to_string(registry.total_numel());
   client_ = std::make_unique<comm::QuorumClient>(options_.coordinator, group.rank() == 0);
+  // Every rank beats under its leader's incarnation: a rank stopped while its leader runs is
+  // then lost in a heartbeat, not at the cross-group timeout.
+  const std::string incarnation = broadcast_bytes(group, group.rank() == 0 ? client_->incarnation() : std::string(), 0);
+  if (group.rank() != 0) client_->keep_alive(incarnation, group.rank());
 }
 
 FaultTolerance::~FaultTolerance() {
@@ -156,13 +160,20 @@ FaultTolerance::Snapshot FaultTolerance::snapshot() {
   return snapshot;
 }
 
-void FaultTolerance::send_state(comm::Communicator& pair, Snapshot& snapshot) {
+void FaultTolerance::send_state(comm::Communicator& pair, Snapshot& snapshot, int newcomer) {
   char header[96];
   std::snprintf(header, sizeof header, "%lld %lld %016" PRIx64, static_cast<long long>(step_),
                 static_cast<long long>(position_), snapshot.digest);
   broadcast_bytes(pair, header, 0);
+  recovery_moment("started", newcomer);
   broadcast_parameters(registry_, pair, 0);
+  recovery_moment("halfway", newcomer);
   broadcast_state(pair, snapshot.tensors, snapshot.metadata, 0);
+  recovery_moment("sent", newcomer);
+}
+
+void FaultTolerance::recovery_moment(const char* moment, int newcomer) {
+  if (options_.on_recovery_moment) options_.on_recovery_moment(moment, newcomer, step_);
 }
 
 FaultTolerance::Received FaultTolerance::receive_state(comm::Communicator& pair, int source) {
@@ -192,8 +203,9 @@ void FaultTolerance::recover() {
       const auto started = Clock::now();
       try {
         comm::OperationLabel label("recovery of group " + std::to_string(healer) + " at step " + std::to_string(step_));
+        recovery_moment("named", healer);
         auto pair = client_->connect(quorum_.id, "recover-" + std::to_string(healer), place, 0, 2);
-        send_state(*pair, state);
+        send_state(*pair, state, healer);
         event("sent", seconds_since(started), "state to group " + std::to_string(healer));
       } catch (const std::exception& error) {
         step_ok_ = false;

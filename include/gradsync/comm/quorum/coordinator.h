@@ -5,7 +5,8 @@
 // communicator, any backend); across the groups, a step counts only when the coordinator says
 // so. Its protocol, all through the store it serves (docs/fault_tolerance.md has it step by
 // step):
-//  * each group's leader (its rank 0) keeps a heartbeat under "ft/hb/<group>" and posts its
+//  * each group's leader (its rank 0) keeps a heartbeat under "ft/hb/<group>" (each other rank
+//    under "ft/hb/<group>/<rank>": a group is lost when any of them falls silent) and posts its
 //    requests under "ft/req/<group>": "join" (a group with no quorum yet, a newcomer, one that
 //    lost its place) or "vote" (a member of quorum Q: whether its cross-group reduction of this
 //    step succeeded);
@@ -24,7 +25,8 @@
 // Never backwards: the coordinator keeps the highest step any of its quorums reached (the
 // high-water mark; in state_file across its own restarts) and never forms a quorum below it. When
 // every group that held it is gone, the groups asking are told, after join_timeout, that the step
-// is lost (unless accept_lost_steps: the groups restarted from a checkpoint on purpose).
+// is lost (unless accept_lost_steps: the groups restarted from a checkpoint on purpose). A group
+// claiming a step beyond the mark is vouched for by nobody: never a recovery source, it recovers.
 // The one that is wrong is refused alone: a group whose ranks or agreement differ from the job's
 // (the running quorum's, else most groups') ends with the error and the others go on; when a
 // group's process is started again while the old one still speaks (a copy its launcher did not
@@ -55,8 +57,9 @@ struct CoordinatorOptions {
   std::string token{};             // what the groups present; empty: coordinator_token(port)
   int replica_groups = 1;          // R: the groups are 0..R-1
   int min_replicas = 1;            // a quorum has at least this many groups
-  // A member whose heartbeat has not changed for this long is taken for dead.
-  std::chrono::milliseconds heartbeat_timeout{2000};
+  // A member whose heartbeat (any of its ranks', beating every 100 ms) has not changed for this
+  // long is taken for dead: what a stopped or cut-off group costs the others, plus a step.
+  std::chrono::milliseconds heartbeat_timeout{1000};
   // How long a quorum waits for groups beyond min_replicas when it forms without a previous one
   // (the start, a coordinator restart), and how long a quorum short of min_replicas waits
   // before it fails.
@@ -190,6 +193,12 @@ class QuorumClient {
   std::string lost_from(std::int64_t quorum);
   // Where the coordinator is, for messages: "the coordinator at host:port".
   const std::string& where() const;
+  // This process's incarnation (a random word); the leader's is its group's.
+  const std::string& incarnation() const;
+  // Not the leader: beat as `rank` of the group whose leader's incarnation is `group_incarnation`,
+  // every heartbeat_every, until destroyed. The coordinator takes a group whose rank falls silent
+  // for lost (stopped, cut off) even while its leader beats. Once.
+  void keep_alive(const std::string& group_incarnation, int rank);
   struct State;
 
  private:

@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,12 @@ struct FaultToleranceOptions {
   // then carries its consolidated state (gathered inside the source group, each newcomer rank
   // keeping its pieces).
   ZeroOptimizer* zero = nullptr;
+  // Called on a recovery source (at its committed `step`) at each moment of a transfer to group
+  // `newcomer`: "named" (the
+  // coordinator named it; nothing sent yet), "started" (the header sent), "halfway" (the values
+  // sent, the optimizer state not), "sent" (all of it sent: the newcomer is verifying). For
+  // tracing, and for fault injection (the trainers' --ft-die kills the source at one of them).
+  std::function<void(const std::string& moment, int newcomer, std::int64_t step)> on_recovery_moment;
 };
 
 // Something that happened across the groups, for the metrics and the logs.
@@ -127,7 +134,8 @@ class FaultTolerance {
     std::uint64_t digest = 0;
   };
   Snapshot snapshot();
-  void send_state(comm::Communicator& pair, Snapshot& snapshot);
+  void send_state(comm::Communicator& pair, Snapshot& snapshot, int newcomer);
+  void recovery_moment(const char* moment, int newcomer);
   Received receive_state(comm::Communicator& pair, int source);
   void broadcast_quorum();
   void wait_across(comm::Work& work);
