@@ -81,7 +81,7 @@ def worker(rank, args, store, out):
     dist.all_reduce(mean_losses)
     if args.metrics and rank == 0:
         with open(args.metrics, "w") as metrics:
-            for step, value in enumerate(mean_losses.tolist()):
+            for step, value in enumerate(mean_losses.tolist(), 1):  # the steps done, as gpt_ddp numbers them
                 metrics.write(json.dumps({"step": step, "loss": value / args.ranks}) + "\n")
     if args.val:
         val = tokens(args.val)

@@ -55,7 +55,7 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   Options options;
-  options.epochs = static_cast<int>(flags.integer("--epochs", options.epochs));
+  options.epochs = static_cast<int>(flags.count("--epochs", options.epochs));
   options.lr = flags.number("--lr", options.lr);
   options.save = flags.text("--save", "");
   options.resume = flags.text("--resume", "");

@@ -109,7 +109,7 @@ int main(int argc, char** argv) try {
   const dist::DDPSyncStrategy strategy = examples::sync_strategy_from(flags.text("--sync-strategy", ""), find_unused);
   const bool divide_by_active = flags.flag("--divide-by-active");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
-  const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
+  const int powersgd_rank = static_cast<int>(flags.count("--powersgd-rank", 0, 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);

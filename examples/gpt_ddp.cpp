@@ -79,21 +79,21 @@ int main(int argc, char** argv) try {
   const std::string backend = flags.text("--backend", "auto");
   const std::string device_text = flags.text("--device", "cpu");
   examples::GptConfig config;
-  config.layers = flags.integer("--layers", 2);
-  config.heads = flags.integer("--heads", 2);
-  config.embd = flags.integer("--embd", 64);
-  config.block = flags.integer("--block", 32);
+  config.layers = flags.count("--layers", 2);
+  config.heads = flags.count("--heads", 2);
+  config.embd = flags.count("--embd", 64);
+  config.block = flags.count("--block", 32);
   config.vocab = vocab;
   const std::string gelu = flags.text("--gelu", "tanh");
   config.gelu_tanh = gelu == "tanh";
   const std::string init = flags.text("--init", "");
   const std::int64_t seed = flags.integer("--seed", 1);
-  const std::int64_t batch = flags.integer("--batch", 4);
-  const std::int64_t length = flags.integer("--length", config.block);
-  const std::int64_t microbatches = flags.integer("--microbatches", 1);
-  const std::int64_t steps = flags.integer("--steps", 50);
+  const std::int64_t batch = flags.count("--batch", 4);
+  const std::int64_t length = flags.count("--length", config.block);
+  const std::int64_t microbatches = flags.count("--microbatches", 1);
+  const std::int64_t steps = flags.count("--steps", 50);
   const double lr = flags.number("--lr", 1e-3), min_lr = flags.number("--min-lr", 1e-4);
-  const std::int64_t warmup = flags.integer("--warmup", 10), decay_steps = flags.integer("--decay-steps", steps);
+  const std::int64_t warmup = flags.count("--warmup", 10, 0), decay_steps = flags.count("--decay-steps", steps);
   const double weight_decay = flags.number("--weight-decay", 0.1);
   const double beta1 = flags.number("--beta1", 0.9), beta2 = flags.number("--beta2", 0.95);
   const double eps = flags.number("--eps", 1e-8);
@@ -104,17 +104,17 @@ int main(int argc, char** argv) try {
   const examples::RestartOptions restarts = examples::parse_restart_options(flags);
   const std::string val_path = flags.text("--val", "");
   const std::string vocab_path = flags.text("--vocab", "");
-  const std::int64_t sample_tokens = flags.integer("--sample", 0);
+  const std::int64_t sample_tokens = flags.count("--sample", 0, 0);
   const bool quiet = flags.flag("--quiet");
   const int zero_stage = static_cast<int>(flags.integer("--zero", 0));
   const int shard_group = static_cast<int>(flags.integer("--shard-group", -1));
-  const int powersgd_rank = static_cast<int>(flags.integer("--powersgd-rank", 0));
+  const int powersgd_rank = static_cast<int>(flags.count("--powersgd-rank", 0, 0));
   const std::int64_t powersgd_start = flags.integer("--powersgd-start", 10);
   const std::string precision = flags.text("--precision", "f32");
   const dist::DDPSyncStrategy strategy = examples::sync_strategy_from(flags.text("--sync-strategy", ""), false);
   const bool uneven = flags.flag("--uneven");
   const examples::SlowLinkOptions slow_options = examples::parse_slow_link_options(flags);
-  const std::int64_t val_every = flags.integer("--val-every", 0);
+  const std::int64_t val_every = flags.count("--val-every", 0, 0);
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
@@ -335,7 +335,7 @@ int main(int argc, char** argv) try {
       step_loss = loss.to_double_vector()[0];
     }
     const double tokens = static_cast<double>(batch * world * length);
-    metrics.step(step, 0, step_loss, norm,
+    metrics.step(step + 1, 0, step_loss, norm,  // the steps done, 1 after the first (as digits_ddp)
                  {{"lr", rate},
                   {"tokens_per_s", tokens / step_seconds},
                   {"sync_share", sync_seconds / step_seconds},
@@ -346,7 +346,7 @@ int main(int argc, char** argv) try {
     if (comm->rank() == 0 && !quiet && (step % 10 == 0 || step + 1 == steps)) {
       const double seconds = since(start);
       std::printf("step %5lld  loss %.4f  lr %.3g  %.0f tokens/s  (of the step so far: sync wait %.1f%%, optimizer %.1f%%)\n",
-                  static_cast<long long>(step), step_loss, rate,
+                  static_cast<long long>(step + 1), step_loss, rate,
                   static_cast<double>(step + 1 - first_step) * tokens / seconds, 100 * total_sync / total_seconds,
                   100 * total_optimizer / total_seconds);
     }
@@ -359,9 +359,10 @@ int main(int argc, char** argv) try {
       Tensor words = Tensor::from_vector(std::vector<double>{local / comm->size(), over_budget ? 1.0 : 0.0}, {2});
       comm->allreduce_host(words, comm::ReduceOp::sum);
       const std::vector<double> agreed = words.to_double_vector();
-      metrics.record(step, {{"val_loss", agreed[0]}, {"seconds", since(start)}});
+      metrics.record(step + 1, {{"val_loss", agreed[0]}, {"seconds", since(start)}});
       if (comm->rank() == 0 && !quiet) {
-        std::printf("step %5lld  validation loss %.4f  at %.1f s\n", static_cast<long long>(step), agreed[0], since(start));
+        std::printf("step %5lld  validation loss %.4f  at %.1f s\n", static_cast<long long>(step + 1), agreed[0],
+                    since(start));
       }
       if (agreed[1] > 0) break;
     }

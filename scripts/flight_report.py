@@ -46,6 +46,8 @@ def checked_dump(path, world):
         return None, "not text (binary)"
     except json.JSONDecodeError as error:
         return None, f"not whole JSON ({error.msg} at byte {error.pos}: truncated?)"
+    except RecursionError:  # a dump is a few levels deep; thousands are not a flight record
+        return None, "nested too deep to be a flight record"
     except OSError as error:
         return None, f"unreadable ({error.strerror})"
     if not isinstance(dump, dict) or dump.get("format") != FORMAT:

@@ -4,7 +4,10 @@
 #   scripts/launch.sh 4 build/examples/digits_ddp --backend gloo
 # Sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for each rank. For several
 # machines, run it on each with NODE_RANK, NNODES and MASTER_ADDR set (rank = node * N + local).
-# When one rank fails, the others are stopped; the exit status is the first failure's.
+# When one rank fails, the others are stopped; the exit status is the first failure's. SIGINT
+# (Ctrl-C), SIGTERM and SIGHUP stop every rank (status 130, 143, 129). A rank that is still there
+# GRADSYNC_LAUNCH_GRACE_S seconds (5) after it was told to stop is killed: the launcher never ends
+# and never waits for ever with a rank behind it.
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh" "$@"
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
@@ -37,16 +40,34 @@ for ((local = 0; local < per_node; ++local)); do
   pids+=($!)
 done
 
-# The first rank to fail decides the job's status and stops the others.
+# The first rank to fail decides the job's status and stops the others. SIGTERM, and SIGCONT for
+# a stopped rank to act on it; a signal to this launcher stops every rank the same way (the ranks
+# of a script ignore SIGINT, so Ctrl-C on the terminal alone would leave them training).
 status=0
+grace=${GRADSYNC_LAUNCH_GRACE_S:-5}
+told_to_stop=""  # $SECONDS when the ranks were told to stop
+stop_ranks() {
+  [[ -n $told_to_stop ]] && return
+  told_to_stop=$SECONDS
+  kill -TERM "${pids[@]}" 2>/dev/null
+  kill -CONT "${pids[@]}" 2>/dev/null
+}
 note_exit() {
   local code=$1
   if ((code != 0 && status == 0)); then
     status=$code
     echo "launch.sh: a rank exited with status $code; stopping the others" >&2
-    kill "${pids[@]}" 2>/dev/null
+    stop_ranks
   fi
 }
+on_signal() {
+  echo "launch.sh: $1; stopping every rank" >&2
+  ((status == 0)) && status=$2
+  stop_ranks
+}
+trap 'on_signal "interrupted (SIGINT)" 130' INT
+trap 'on_signal "terminated (SIGTERM)" 143' TERM
+trap 'on_signal "hung up (SIGHUP)" 129' HUP
 # Watch the ranks until all have ended. Not with `wait -n`: when ranks end together, bash may
 # reap several while reporting one, and a later `wait -n` finds no child and returns 127, a
 # failure no rank had (seen in CI). Asking for a rank by process id once it is gone is reliable:
@@ -63,6 +84,11 @@ while ((${#running[@]} > 0)); do
     fi
   done
   running=("${still[@]}")
+  if ((${#running[@]} > 0)) && [[ -n $told_to_stop ]] && ((SECONDS - told_to_stop >= grace)); then
+    echo "launch.sh: ${#running[@]} rank(s) still running ${grace} s after they were told to stop; killing them" >&2
+    kill -KILL "${running[@]}" 2>/dev/null
+    told_to_stop=$((SECONDS + 3600))  # once
+  fi
   ((${#running[@]} > 0)) && sleep 0.05
 done
 exit $status

@@ -84,9 +84,18 @@ Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, o
     GRADSYNC_CHECK(io::hex_digest(io::checksum_file(optimizer_path).xxh64) == id, optimizer_path,
                    " is not the optimizer state saved with ", path, " (its XXH64 differs)");
   }
+  const io::SafetensorsReader state(optimizer_path);
+  // The checksum proves the file is whole, not that it is this save's: another save's optimizer
+  // file, named in an edited model file, has a matching checksum too. Both carry the progress.
+  for (const char* key : {"global_step", "epoch", "step_in_epoch"}) {
+    const auto mine = file.metadata().find(key), theirs = state.metadata().find(key);
+    GRADSYNC_CHECK(mine == file.metadata().end() || (theirs != state.metadata().end() && theirs->second == mine->second),
+                   optimizer_path, " is not the optimizer state saved with ", path, " (its ", key, " is ",
+                   theirs == state.metadata().end() ? std::string("missing") : theirs->second, ", the model file's ",
+                   mine->second, ")");
+  }
   // Both loads validate everything before they change anything; the weights first.
   const io::Metadata metadata = io::load_registry(registry, path, {.load_grads = false, .allow_extra_tensors = true});
-  const io::SafetensorsReader state(optimizer_path);
   optimizer.load_state(state);
   if (scaler != nullptr && state.metadata().contains("grad_scaler.scale")) scaler->load_state(state.metadata());
   Progress progress;
@@ -117,7 +126,7 @@ const char* const kRestartHelp = R"(  --checkpoint-dir D --checkpoint-every N (a
 RestartOptions parse_restart_options(Flags& flags) {
   RestartOptions o;
   o.checkpoint_dir = flags.text("--checkpoint-dir", "");
-  o.checkpoint_every = flags.integer("--checkpoint-every", 0);
+  o.checkpoint_every = flags.count("--checkpoint-every", 0, 0);
   GRADSYNC_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every, " must not be negative");
   GRADSYNC_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   if (const auto kill = flags.rank_and_number("--kill-rank", "STEP")) std::tie(o.kill_rank, o.kill_step) = *kill;

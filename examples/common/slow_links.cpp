@@ -16,13 +16,13 @@ const char* const kSlowLinkHelp =
 
 SlowLinkOptions parse_slow_link_options(Flags& flags) {
   SlowLinkOptions options;
-  options.local_sgd = flags.integer("--local-sgd", 0);
-  options.diloco = flags.integer("--diloco", 0);
-  options.warmup = flags.integer("--outer-warmup", 0);
+  options.local_sgd = flags.count("--local-sgd", 0, 0);
+  options.diloco = flags.count("--diloco", 0, 0);
+  options.warmup = flags.count("--outer-warmup", 0, 0);
   options.outer_lr = flags.number("--outer-lr", options.outer_lr);
   options.outer_momentum = flags.number("--outer-momentum", options.outer_momentum);
-  options.fragments = flags.integer("--streaming-fragments", 1);
-  options.delay = flags.integer("--fragment-delay", 0);
+  options.fragments = flags.count("--streaming-fragments", 1);
+  options.delay = flags.count("--fragment-delay", 0, 0);
   options.mixing = flags.number("--fragment-mixing", 0.0);
   options.compression = flags.text("--outer-compression", "none");
   options.inner_group = static_cast<int>(flags.integer("--inner-group", 0));

@@ -71,16 +71,16 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   const std::string device_text = flags.text("--device", "cpu");
   o.device = Device::parse(device_text);
   o.device_is_any_gpu = device_text == "cuda";
-  o.passes = flags.integer(passes_flag, 1);
+  o.passes = flags.count(passes_flag, 1);
   GRADSYNC_CHECK(o.passes > 0, passes_flag, " must be positive");
   o.optimizer = flags.text("--optimizer", "sgd");
   o.lr = flags.number("--lr", o.optimizer == "sgd" ? 0.05 : 0.003);
   o.momentum = flags.number("--momentum", 0.9);
-  o.epochs = static_cast<int>(flags.integer("--epochs", 20));
-  o.batch = flags.integer("--batch", 64);
+  o.epochs = static_cast<int>(flags.count("--epochs", 20));
+  o.batch = flags.count("--batch", 64);
   o.batch_given = flags.given("--batch");
   GRADSYNC_CHECK(o.batch > 0, "--batch ", o.batch, " must be positive");
-  o.hidden = flags.integer("--hidden", 64);
+  o.hidden = flags.count("--hidden", 64);
   o.seed = static_cast<std::uint64_t>(flags.integer("--seed", 1));
   o.data = flags.text("--data", default_data_path());
   o.input_scale = flags.number("--input-scale", o.data == default_data_path() ? 1.0 / 16 : 1.0);
@@ -91,7 +91,7 @@ TrainerOptions parse_trainer_options(Flags& flags, const std::string& passes_fla
   o.resume = flags.text("--resume", "");
   o.max_steps = flags.integer("--max-steps", -1);
   o.metrics = flags.text("--metrics", "");
-  o.stragglers = flags.integer("--stragglers", 0);
+  o.stragglers = flags.count("--stragglers", 0, 0);
   GRADSYNC_CHECK(o.stragglers >= 0, "--stragglers ", o.stragglers, " must not be negative");
   if (const auto delay = flags.rank_and_number("--delay-rank", "MILLISECONDS")) {
     std::tie(o.delay_rank, o.delay_ms) = std::pair<int, int>(delay->first, static_cast<int>(delay->second));
@@ -268,7 +268,10 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
       loss_sum += loss * static_cast<double>(t.local_batch);
       samples += t.local_batch;
       t.progress = {epoch, s + 1, t.progress.global_step + 1, t.progress.global_batch};
-      metrics.step(t.progress.global_step, epoch + 1, loss, t.last_grad_norm);
+      // The fields gpt_ddp's records carry too (the learning rate, the seconds since the start).
+      metrics.step(t.progress.global_step, epoch + 1, loss, t.last_grad_norm,
+                   {{"lr", t.optimizer ? t.optimizer->lr(0) : 0.0},
+                    {"seconds", std::chrono::duration<double>(Clock::now() - start).count()}});
       stragglers.step();
       if (options.stragglers > 0 && t.progress.global_step % options.stragglers == 0) {
         const comm::StragglerReport report = stragglers.collect();  // collective: the same step everywhere

@@ -16,6 +16,7 @@
 
 #include "atomic_file.h"
 #include "json_brief.h"
+#include "readable_file.h"
 
 namespace gradsync::io {
 
@@ -26,8 +27,6 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string errno_text() { return std::strerror(errno); }
 
 // The header is untrusted input. What the reference implementation rejects, we reject, before
 // parsing: a UTF-8 byte order mark, NUL bytes, and nesting deeper than any header needs (a
@@ -81,39 +80,6 @@ void check_header_text(const std::string& text, const std::string& where) {
 
 
 // Reads exactly nbytes at offset, or throws naming the file.
-void read_at(int descriptor, const fs::path& path, std::size_t offset, void* data, std::size_t nbytes) {
-  char* bytes = static_cast<char*>(data);
-  while (nbytes > 0) {
-    const ssize_t got = ::pread(descriptor, bytes, std::min<std::size_t>(nbytes, 1 << 30), static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    GRADSYNC_CHECK(got > 0, "safetensors file '", path.string(), "': read at byte ", offset, " failed: ",
-                   got < 0 ? errno_text() : std::string("unexpected end of file (was it truncated while open?)"));
-    bytes += got;
-    offset += static_cast<std::size_t>(got);
-    nbytes -= static_cast<std::size_t>(got);
-  }
-}
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(const fs::path& path) : descriptor_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    GRADSYNC_CHECK(descriptor_ >= 0, "cannot open safetensors file '", path.string(), "': ", errno_text());
-  }
-  ~FileDescriptor() { ::close(descriptor_); }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return descriptor_; }
-
- private:
-  int descriptor_;
-};
-
-std::size_t file_size(int descriptor, const fs::path& path) {
-  const off_t end = ::lseek(descriptor, 0, SEEK_END);
-  GRADSYNC_CHECK(end >= 0, "safetensors file '", path.string(), "': cannot determine its size: ", errno_text());
-  return static_cast<std::size_t>(end);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -188,12 +154,13 @@ void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tens
 
 SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
   const std::string where = "safetensors file '" + path_.string() + "'";
-  FileDescriptor file(path_);
-  const std::size_t size = file_size(file.get(), path_);
+  file_ = std::make_shared<const ReadableFile>(path_, where);
+  const ReadableFile& file = *file_;
+  const std::size_t size = static_cast<std::size_t>(file.size());
   GRADSYNC_CHECK(size >= 8, where, " is truncated: ", size, " bytes, less than the 8-byte header length");
 
   std::uint64_t header_length = 0;
-  read_at(file.get(), path_, 0, &header_length, sizeof header_length);
+  file.read_at(0, &header_length, sizeof header_length);
   GRADSYNC_CHECK(header_length <= size - 8, where, ": header length ", header_length,
                  " runs past the end of the file (", size, " bytes)");
   GRADSYNC_CHECK(header_length <= kMaxHeaderBytes, where, ": header length ", header_length,
@@ -202,7 +169,7 @@ SafetensorsReader::SafetensorsReader(fs::path path) : path_(std::move(path)) {
   const std::size_t data_size = size - data_start_;
 
   std::string header_text(header_length, '\0');
-  read_at(file.get(), path_, 8, header_text.data(), header_text.size());
+  file.read_at(8, header_text.data(), header_text.size());
   check_header_text(header_text, where);
   json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
   GRADSYNC_CHECK(!header.is_discarded(), where, ": the header is not valid JSON");
@@ -306,14 +273,12 @@ const TensorInfo* SafetensorsReader::find(std::string_view name) const {
 Tensor SafetensorsReader::read(std::string_view name) const {
   const TensorInfo* info = find(name);
   GRADSYNC_CHECK(info != nullptr, "safetensors file '", path_.string(), "' has no tensor named '", name, "'");
-  FileDescriptor file(path_);
-  return read_tensor(file.get(), *info);
+  return read_tensor(*info);
 }
 
 std::vector<NamedTensor> SafetensorsReader::read_all() const {
   std::vector<NamedTensor> all;
-  FileDescriptor file(path_);
-  for (const TensorInfo& info : tensors_) all.push_back({info.name, read_tensor(file.get(), info)});
+  for (const TensorInfo& info : tensors_) all.push_back({info.name, read_tensor(info)});
   return all;
 }
 
@@ -329,19 +294,17 @@ Tensor SafetensorsReader::read_range(std::string_view name, std::int64_t first, 
                  "inside its ", numel, " elements");
   Tensor piece = Tensor::empty({count}, *info->dtype);
   if (count > 0) {
-    FileDescriptor file(path_);
     const std::size_t element = dtype_size(*info->dtype);
-    read_at(file.get(), path_, data_start_ + info->data_begin + static_cast<std::size_t>(first) * element, piece.data(),
-            piece.nbytes());
+    file_->read_at(data_start_ + info->data_begin + static_cast<std::size_t>(first) * element, piece.data(), piece.nbytes());
   }
   return dtype && *dtype != *info->dtype ? piece.to(*dtype) : piece;
 }
 
-Tensor SafetensorsReader::read_tensor(int file, const TensorInfo& info) const {
+Tensor SafetensorsReader::read_tensor(const TensorInfo& info) const {
   GRADSYNC_CHECK(info.dtype.has_value(), "safetensors file '", path_.string(), "': tensor '", info.name, "' is ",
                  info.stored_dtype, ", which gradsync does not handle (it handles F32, F64, F16, BF16, I32, I64)");
   Tensor tensor = Tensor::empty(info.shape, *info.dtype);
-  read_at(file, path_, data_start_ + info.data_begin, tensor.data(), tensor.nbytes());
+  file_->read_at(data_start_ + info.data_begin, tensor.data(), tensor.nbytes());
   return tensor;
 }
 

@@ -1,13 +1,13 @@
 // A model in several safetensors files with an index (gradsync/io/safetensors_set.h).
 #include "gradsync/io/safetensors_set.h"
 
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "json_brief.h"
+#include "readable_file.h"
 
 namespace gradsync::io {
 
@@ -19,12 +19,10 @@ namespace fs = std::filesystem;
 // The index's JSON, refusing a tensor named twice in its weight_map (JSON allows the repeat, and
 // a parser keeps only one of them: which file holds that tensor would be a guess).
 json parse_index(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  GRADSYNC_CHECK(in, "safetensors index '", path.string(), "': cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  GRADSYNC_CHECK(text.str().size() <= SafetensorsReader::kMaxHeaderBytes, "safetensors index '", path.string(), "' is ",
-                 text.str().size(), " bytes, over the ", SafetensorsReader::kMaxHeaderBytes, " an index may have");
+  // Opened once, only a regular file, its size capped before and while it is read (an index
+  // linked to /dev/zero was read whole first).
+  const std::string text =
+      ReadableFile(path, "safetensors index '" + path.string() + "'").read_all(SafetensorsReader::kMaxHeaderBytes);
   std::string top_key;
   std::set<std::string> mapped;
   std::string repeated;
@@ -37,7 +35,7 @@ json parse_index(const fs::path& path) {
     }
     return true;
   };
-  json index = json::parse(text.str(), callback, /*allow_exceptions=*/false);
+  json index = json::parse(text, callback, /*allow_exceptions=*/false);
   GRADSYNC_CHECK(!index.is_discarded() && index.is_object(), "safetensors index '", path.string(),
                  "' is not a JSON object");
   GRADSYNC_CHECK(repeated.empty(), "safetensors index '", path.string(), "' names tensor '", repeated,
@@ -75,8 +73,12 @@ SafetensorsSet::SafetensorsSet(const fs::path& path) : path_(path) {
                    where(), ": tensor '", name, "' maps to '", file_name, "', not a file name in the index's folder");
     if (!file_number.count(file_name)) {
       const fs::path file_path = path.parent_path() / file_name;
-      GRADSYNC_CHECK(fs::is_regular_file(file_path), where(), " maps tensors to ", file_path.string(),
+      GRADSYNC_CHECK(fs::exists(fs::symlink_status(file_path)), where(), " maps tensors to ", file_path.string(),
                      ", which is not there");
+      // A link may lead to the folder the index really lives in (a Hugging Face cache), not out.
+      GRADSYNC_CHECK(resolves_inside(file_path, path.parent_path(), path), where(), " maps tensors to ",
+                     file_path.string(), ", a link that leads out of the index's folder (to ",
+                     fs::weakly_canonical(file_path).string(), "): a set's files are in its folder");
       file_number[file_name] = files_.size();
       files_.push_back(std::make_unique<SafetensorsReader>(file_path));
     }

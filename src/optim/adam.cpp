@@ -51,7 +51,12 @@ Adam::Adam(ParameterRegistry& registry, std::vector<Group> groups, bool decouple
   }
 }
 
+AdamW::AdamW(ParameterRegistry& registry) : AdamW(registry, Options{}) {}
+
 AdamW::AdamW(ParameterRegistry& registry, const Options& options, MasterWeights master_weights)
+    : AdamW(registry, static_cast<Adam::Options>(options), master_weights) {}
+
+AdamW::AdamW(ParameterRegistry& registry, const Adam::Options& options, MasterWeights master_weights)
     : Adam(registry, std::vector<Group>{{trainable_parameters(registry), options}}, true, master_weights) {}
 
 AdamW::AdamW(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights)

@@ -4,6 +4,7 @@
 // optimizer first (one error listing every difference, the optimizer unchanged) and only then
 // commits. A sharded optimizer takes its pieces of each tensor, whatever world size saved it.
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <sstream>
 
@@ -234,6 +235,23 @@ void Optimizer::check_tensors(const std::vector<io::TensorInfo>& tensors, LoadPl
       plan.differ("'", info.name, "' holds state for a parameter with no recorded steps");
     } else {
       plan.staged.push_back({parameter, static_cast<std::size_t>(buffer - buffer_names_.begin()), info.name});
+    }
+  }
+  // A buffer the step counts say exists (a parameter stepped under hyperparameters that use it)
+  // must be in the file or held elsewhere: missing, it would silently restart from zero (a
+  // momentum reset). Only where the file's hyperparameters are this optimizer's: under others,
+  // which buffers exist is theirs to say.
+  std::vector<std::uint32_t> found(registry_.size(), 0u);
+  for (const LoadPlan::Staged& staged : plan.staged) found[staged.parameter->index()] |= 1u << staged.buffer;
+  for (std::size_t group = 0; group < groups_.size() && group < plan.hyperparameters.size(); ++group) {
+    if (plan.hyperparameters[group] != hyperparameters(group)) continue;
+    for (const Parameter* parameter : groups_[group]) {
+      const std::size_t i = parameter->index();
+      const std::uint32_t missing = buffers_used(group) & ~(found[i] | plan.present_elsewhere[i]);
+      if (plan.steps[i] == 0 || missing == 0) continue;
+      plan.differ("'", parameter->name(), "' has ", plan.steps[i], " recorded step(s) but no '",
+                  buffer_names_[static_cast<std::size_t>(std::countr_zero(missing))],
+                  "' buffer (it would restart from zero)");
     }
   }
 }

@@ -177,6 +177,33 @@ PY
     if "$examples/gpt_ddp" "${args[@]}" --steps 21 --batch 4 --backend gloo --resume "$scratch/lonely.safetensors" \
          > "$scratch/refused" 2>&1; then echo "a model file without its optimizer file resumed"; exit 1; fi
     grep -q "keeps its optimizer state in .*lonely.optimizer-.*, which is not there" "$scratch/refused"
+    # ... or names another save's optimizer file (whole, so its checksum matches its name): refused.
+    "$examples/gpt_ddp" "${args[@]}" --steps 3 --batch 4 --backend gloo --save "$scratch/other.safetensors" > /dev/null
+    other=$(ls "$scratch"/other.optimizer-*.safetensors)
+    other_id=${other##*.optimizer-}
+    other_id=${other_id%.safetensors}
+    cp "$other" "$scratch/lonely.optimizer-$other_id.safetensors"
+    python3 - "$scratch/one.safetensors" "$scratch/lonely.safetensors" "$other_id" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+length = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + length])
+header["__metadata__"]["checkpoint.optimizer_xxh64"] = sys.argv[3]
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + length:])
+PY
+    if "$examples/gpt_ddp" "${args[@]}" --steps 21 --batch 4 --backend gloo --resume "$scratch/lonely.safetensors" \
+         > "$scratch/refused" 2>&1; then echo "a model file naming another save's optimizer file resumed"; exit 1; fi
+    grep -q "lonely.optimizer-$other_id.safetensors is not the optimizer state saved with .*lonely.safetensors (its global_step is 3, the model file's 20)" "$scratch/refused" ||
+      { cat "$scratch/refused"; exit 1; }
+    # ... or is a FIFO (its checksum read to the end, for ever): refused at once, naming it.
+    rm "$scratch/lonely.optimizer-$other_id.safetensors"
+    mkfifo "$scratch/lonely.optimizer-$other_id.safetensors"
+    if timeout 20 "$examples/gpt_ddp" "${args[@]}" --steps 21 --batch 4 --backend gloo --resume "$scratch/lonely.safetensors" \
+         > "$scratch/refused" 2>&1; then echo "a FIFO for an optimizer file resumed"; exit 1; fi
+    grep -q "lonely.optimizer-$other_id.safetensors' is a FIFO, not a regular file" "$scratch/refused" ||
+      { cat "$scratch/refused"; exit 1; }
     echo "gpt_ddp's 20 steps match PyTorch on 1, 2 and 4 ranks, ZeRO 1, 2, 3 and HSDP (2 groups of 2, ZeRO 2 and 3), every sync strategy and bf16 included;" \
       "uneven runs end alike under ZeRO 0-3 and HSDP; a resumed run is byte for byte" ;;
   gpt_cuda)  # the gpt case's 20 steps with the model on a GPU (examples/gpt/gpt_kernels.cu), against the
@@ -313,7 +340,7 @@ PY
       --fragment-delay 1 --inner-group 2 --outer-compression bf16 --val "$fixtures/gpt_train.bin" --val-every 5 \
       --time-budget 1e-9 --metrics "$scratch/streaming.jsonl" > "$scratch/streaming.txt"
     [[ $(grep -c '"val_loss"' "$scratch/streaming.jsonl") == 1 ]]  # the budget ended it at step 5
-    grep -q '"step": 4, .*"outer_bytes_sent": [1-9]' "$scratch/streaming.jsonl"  # both fragments launched by then
+    grep -q '"step": 5, .*"outer_bytes_sent": [1-9]' "$scratch/streaming.jsonl"  # both fragments launched by then
     # DiLoCo across 2 groups of 2 whose inner AdamW is ZeRO 1 or 2 over the group: the run with a
     # plain DataParallel inside, bit for bit (measured 0).
     for stage in 0 1 2; do

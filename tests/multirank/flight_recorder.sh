@@ -101,6 +101,7 @@ mkdir "$damaged/rank5.json"                                                     
 sed 's/"rank": 0,/"rank": -7,/' "$good/rank0.json" > "$damaged/rank6.json"     # a negative rank
 cp "$good/rank1.json" "$damaged/rank7.json"                                     # a second claim on rank 1
 echo '{"format": "something else"}' > "$damaged/rank8.json"                     # not a flight record
+python3 -c 'print("[" * 100000 + "]" * 100000)' > "$damaged/rank9.json"         # nested 100,000 deep
 python3 "$source/scripts/flight_report.py" "$damaged" --world 3 | tee "$damaged/report.txt"
 expect "$damaged/report.txt" "rank2.json: left out: not whole JSON"
 expect "$damaged/report.txt" "rank3.json: left out: empty"
@@ -109,6 +110,7 @@ expect "$damaged/report.txt" "rank5.json: left out: not a file"
 expect "$damaged/report.txt" "rank6.json: left out: its rank -7 is not one of the job's"
 expect "$damaged/report.txt" "rank1.json and rank7.json all claim rank 1: left out"
 expect "$damaged/report.txt" "rank8.json: left out: not a flight record"
+expect "$damaged/report.txt" "rank9.json: left out: nested too deep to be a flight record"
 expect "$damaged/report.txt" "communicator world"
 expect "$damaged/report.txt" "no dump from ranks 1, 2"
 if python3 "$source/scripts/flight_report.py" "$scratch/nowhere" > "$damaged/none.txt"; then

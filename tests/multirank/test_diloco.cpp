@@ -4,10 +4,13 @@
 // streaming DiLoCo (3 fragments; with a delay of one step and mixing 0.5; 2 fragments in bf16 on
 // the wire), a warm-up of synchronous steps, 24 steps: every rank's loss per step and the final
 // weights within 1e-6. Its checkpoint resumes
-// bit for bit; a state of another world size or H is refused, naming the difference.
+// bit for bit; a state of another world size or H is refused, naming the difference, and so is
+// one that lies (NaN, missing momentum or fragment in flight, impossible steps, ranks differing).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -21,6 +24,7 @@
 #include "gradsync/dist/join/join.h"
 #include "gradsync/dist/zero/shard_groups.h"
 #include "gradsync/io/safetensors.h"
+#include "gradsync/kernels/ops.h"
 #include "gradsync/nn/data_parallel_module.h"
 #include "gradsync/nn/loss.h"
 #include "models.h"
@@ -360,6 +364,95 @@ TEST(DiLoCo, StreamingResumesWithAFragmentInFlight) {
          .before = [&](dist::DiLoCo& diloco, optim::Optimizer&, ParameterRegistry&, Communicator& comm) {
            EXPECT_GRADSYNC_ERROR(diloco.load_state(io::SafetensorsReader(file(comm, "diloco"))),
                                  "diloco.delay 1, this run has 0");
+         }});
+}
+
+// A DiLoCo state that lies is refused with what is wrong, on every rank, changing nothing: a NaN
+// in the outer model, in the outer momentum or in a pseudo-gradient in flight; the momentum
+// missing (it was silently reset); a fragment in flight missing (an outer step silently dropped);
+// a step count the schedule cannot have with that fragment in flight, or one that would overflow;
+// ranks loading different states (the replicas would differ after synchronize()).
+TEST(DiLoCo, AStateThatLiesIsRefusedChangingNothing) {
+  testing::TempDir folder;
+  const auto file = [&](const Communicator& comm, const std::string& what) {
+    return folder / (what + std::to_string(comm.rank()) + ".safetensors");
+  };
+  train({.world = 3, .name = "stream3.overlap", .steps = 8,
+         .after = [&](dist::DiLoCo& diloco, optim::Optimizer&, ParameterRegistry&, Communicator& comm) {
+           io::save_safetensors(file(comm, "diloco"), diloco.state_tensors(), diloco.state_metadata());
+         }});
+  // Each damage: a copy of this rank's file, its tensors and metadata edited.
+  using Edit = std::function<void(std::vector<io::NamedTensor>&, io::Metadata&, const Communicator&)>;
+  const auto damaged = [&](const Communicator& comm, const std::string& name, const Edit& edit) {
+    const io::SafetensorsReader good(file(comm, "diloco"));
+    std::vector<io::NamedTensor> tensors = good.read_all();
+    io::Metadata metadata = good.metadata();
+    edit(tensors, metadata, comm);
+    const auto path = file(comm, name);
+    io::save_safetensors(path, tensors, metadata);
+    return path;
+  };
+  const auto poison = [](const std::string& prefix) {
+    return Edit([prefix](std::vector<io::NamedTensor>& tensors, io::Metadata&, const Communicator&) {
+      for (io::NamedTensor& t : tensors) {
+        if (t.name.rfind(prefix, 0) != 0) continue;
+        Tensor copy = t.tensor.to(DType::f64);
+        copy.data_as<double>()[0] = std::nan("");
+        t.tensor = copy.to(t.tensor.dtype());
+        return;
+      }
+      FAIL() << "no tensor " << prefix;
+    });
+  };
+  const auto drop = [](const std::string& prefix) {
+    return Edit([prefix](std::vector<io::NamedTensor>& tensors, io::Metadata&, const Communicator&) {
+      std::erase_if(tensors, [&](const io::NamedTensor& t) { return t.name.rfind(prefix, 0) == 0; });
+    });
+  };
+  const auto set = [](const std::string& key, const std::string& value) {
+    return Edit([key, value](std::vector<io::NamedTensor>&, io::Metadata& metadata, const Communicator&) { metadata[key] = value; });
+  };
+  const std::vector<std::tuple<std::string, Edit, std::vector<std::string>>> cases = {
+      {"nan_outer", poison("diloco.outer."), {"holds nan at element 0", "a state to resume from is finite"}},
+      {"nan_momentum", poison("optimizer.state."), {"'optimizer.state.", "holds nan"}},
+      {"nan_pending", poison("diloco.pending."), {"'diloco.pending.", "holds nan"}},
+      {"no_momentum", drop("optimizer.state."), {"recorded step(s) but no 'momentum_buffer' buffer"}},
+      {"no_pending", drop("diloco.pending."), {"fragment '0.weight'... is in flight by its 'diloco.pending' (0)",
+                                               "an outer step would be dropped"}},
+      {"impossible_step", set("diloco.steps", "3"), {"has a pending pseudo-gradient, but at step 3 the schedule has none"}},
+      {"overflow", set("diloco.steps", "9223372036854775807"), {"'diloco.steps' is '9223372036854775807', not a step count"}},
+      {"ranks_differ",
+       Edit([](std::vector<io::NamedTensor>& tensors, io::Metadata&, const Communicator& comm) {
+         if (comm.rank() != 2) return;
+         for (io::NamedTensor& t : tensors) {
+           if (t.name.rfind("diloco.outer.", 0) == 0) ops::scale(t.tensor, 2.0);
+         }
+       }),
+       {"the ranks do not hold the same DiLoCo state"}},
+  };
+  train({.world = 3, .name = "stream3.overlap", .steps = 0,
+         .before = [&](dist::DiLoCo& diloco, optim::Optimizer&, ParameterRegistry&, Communicator& comm) {
+           const std::vector<io::NamedTensor> before = diloco.state_tensors();
+           const io::Metadata before_metadata = diloco.state_metadata();
+           for (const auto& [name, edit, expected] : cases) {
+             SCOPED_TRACE(name);
+             const auto path = damaged(comm, name, edit);
+             try {
+               diloco.load_state(io::SafetensorsReader(path));
+               ADD_FAILURE() << name << ": loaded";
+             } catch (const Error& error) {
+               for (const std::string& fragment : expected) {
+                 EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+               }
+             }
+             const std::vector<io::NamedTensor> after = diloco.state_tensors();
+             ASSERT_EQ(after.size(), before.size());
+             for (std::size_t i = 0; i < after.size(); ++i) {
+               EXPECT_EQ(after[i].tensor.to_double_vector(), before[i].tensor.to_double_vector()) << after[i].name;
+             }
+             EXPECT_EQ(diloco.state_metadata(), before_metadata);
+           }
+           diloco.load_state(io::SafetensorsReader(file(comm, "diloco")));  // the good one still loads
          }});
 }
 

@@ -18,6 +18,7 @@
 #include "optimizers.h"
 #include "ranks_on_device.h"
 #include "test_util.h"
+#include "gradsync/dist/data_parallel/data_parallel.h"
 #include "gradsync/dist/horovod/adasum.h"
 #include "gradsync/dist/horovod/distributed_optimizer.h"
 #include "gradsync/dist/reducer/reducer.h"
@@ -664,6 +665,25 @@ class SignSgd final : public optim::Optimizer {
  private:
   double lr_;
 };
+
+// Two synchronizers over the same gradients (a DataParallel and a DistributedOptimizer, or two
+// DataParallels) would reduce each gradient twice: the second is refused, naming the parameter
+// and the first; once the first is gone, the second may be made.
+TEST(DistributedOptimizer, TwoSynchronizersOverOneGradientAreRefused) {
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {4});
+    registry.finalize();
+    optim::SGD sgd(registry, plain_sgd(0.1));
+    {
+      dist::DataParallel ddp(registry, comm);
+      EXPECT_GRADSYNC_ERROR(DistributedOptimizer(sgd, comm), "a DistributedOptimizer: parameter 'w' is already reduced by ",
+                            "DataParallel", "would reduce each gradient twice");
+      EXPECT_GRADSYNC_ERROR(dist::DataParallel(registry, comm), "DataParallel: parameter 'w' is already reduced by DataParallel");
+    }
+    DistributedOptimizer alone(sgd, comm);  // the DataParallel is gone: its claim with it
+  });
+}
 
 TEST(DistributedOptimizer, WrapsAUsersOwnOptimizer) {
   comm::run_gloo_thread_group(3, [](Communicator& comm) {

@@ -4,6 +4,8 @@
 // rank's loss per step and final weights within 1e-6; the errors.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <optional>
 
@@ -166,6 +168,16 @@ TEST(LocalSGD, Errors) {
     EXPECT_GRADSYNC_ERROR(dist::LocalSGD(registry, comm, {.period = 2, .warmup_steps = -1}), "warmup_steps -1");
     EXPECT_GRADSYNC_ERROR(dist::LocalSGD(registry, comm, {.period = 2 + comm.rank()}), "options", "period 2", "period 3");
     EXPECT_GRADSYNC_ERROR(dist::LocalSGD(registry, comm, {.period = 2}), "'b'", "'c'");
+  });
+  // A resumed step count that is no count (step() would overflow it) is refused.
+  comm::run_gloo_thread_group(2, [](Communicator& comm) {
+    ParameterRegistry registry;
+    registry.add("w", {4});
+    registry.finalize();
+    dist::LocalSGD local(registry, comm, {.period = 2});
+    EXPECT_GRADSYNC_ERROR(local.set_steps(std::numeric_limits<std::int64_t>::max()), "not a step count");
+    EXPECT_GRADSYNC_ERROR(local.set_steps(-1), "not a step count");
+    local.set_steps(5);
   });
 }
 

@@ -213,6 +213,10 @@ TEST(Optimizers, MadeByNameWithTorchsHyperparameterNames) {
   EXPECT_EQ(h.at("weight_decay"), 0.01) << "AdamW's default";
   EXPECT_EQ(h.at("amsgrad"), 1.0);
   EXPECT_EQ(h.at("beta2"), 0.999);
+  // Options with only the learning rate keep AdamW's decay, as torch.optim.AdamW(lr=...) does.
+  optim::AdamW direct(registry, optim::AdamW::Options{.lr = 3e-4});
+  EXPECT_EQ(direct.hyperparameters(0).at("weight_decay"), 0.01);
+  EXPECT_EQ(direct.hyperparameters(0).at("lr"), 3e-4);
 
   auto sgd = optim::make_optimizer("sgd", registry, std::vector<optim::GroupSettings>{
                                                        {{&w}, {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", 1}}},

@@ -2,13 +2,17 @@
 // (gradsync/io/safetensors_set.h): a range equals the same elements of a whole read, converted
 // as a whole tensor would be; a set split over three files reads as the one file it was cut
 // from; every damaged or inconsistent set is an error naming the index and the file or tensor,
-// at open, before anything is read.
+// at open, before anything is read; files that are not files (FIFOs, devices, links out of the
+// folder) are refused without being read or waited on.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <random>
 
+#include <sys/stat.h>
+
+#include "gradsync/io/checksum.h"
 #include "gradsync/io/safetensors.h"
 #include "gradsync/io/safetensors_set.h"
 #include "test_util.h"
@@ -167,4 +171,67 @@ TEST(SafetensorsSet, DamagedOrInconsistentSetsAreRefusedAtOpen) {
 }
 
 }  // namespace
+// Files that are not what they claim, each refused at open with the file and what it is, never
+// followed out of the set's folder, never read whole or waited on: a shard that is a link out of
+// the folder (relative or absolute), an index or a single file that is a FIFO (it blocked for
+// ever) or a link to /dev/zero (read whole: 2.2 GB, then bad_alloc), shards that are a FIFO or a
+// folder (they were "not there"), the checksum of a FIFO or of /dev/zero. Links that stay in the
+// folder the index really lives in (a Hugging Face cache's layout) still load.
+TEST(SafetensorsSet, FilesThatAreNotFilesAreRefused) {
+  namespace fs = std::filesystem;
+  TempDir folder;
+  const std::vector<io::NamedTensor> tensors = model_tensors();
+  const fs::path set = folder / "set";
+  fs::create_directories(set);
+  const fs::path index = write_set(set, tensors);
+  const fs::path shard = set / "model-00002-of-00003.safetensors";
+  const fs::path outside = folder / "outside.safetensors";
+  fs::copy_file(shard, outside);
+  const auto with_shard = [&](const std::function<void()>& make, const std::vector<std::string>& expected) {
+    fs::rename(shard, folder / "kept");
+    make();
+    if (expected.empty()) {
+      EXPECT_NO_THROW(io::SafetensorsSet{index});
+    } else {
+      EXPECT_GRADSYNC_ERROR(io::SafetensorsSet{index}, expected[0], expected[1]);
+    }
+    fs::remove_all(shard);
+    fs::remove(set / "real.bin");
+    fs::rename(folder / "kept", shard);
+  };
+  with_shard([&] { fs::create_symlink("../outside.safetensors", shard); },
+             {"a link that leads out of the index's folder", "outside.safetensors"});
+  with_shard([&] { fs::create_symlink(outside, shard); }, {"a link that leads out of the index's folder", "outside"});
+  with_shard([&] { ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0); }, {"is a FIFO, not a regular file", "model-00002"});
+  with_shard([&] { fs::create_directory(shard); }, {"is a folder, not a regular file", "model-00002"});
+  // A link inside the folder is the same file.
+  with_shard([&] { fs::copy_file(folder / "kept", set / "real.bin"); fs::create_symlink("real.bin", shard); }, {});
+
+  const fs::path fifo = folder / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_GRADSYNC_ERROR(io::SafetensorsReader{fifo}, "is a FIFO, not a regular file", "fifo.safetensors");
+  EXPECT_GRADSYNC_ERROR(io::checksum_file(fifo), "is a FIFO, not a regular file", "fifo.safetensors");
+  const fs::path fifo_index = folder / "fifo.index.json";
+  ASSERT_EQ(::mkfifo(fifo_index.c_str(), 0600), 0);
+  EXPECT_GRADSYNC_ERROR(io::SafetensorsSet{fifo_index}, "safetensors index", "is a FIFO, not a regular file");
+  const fs::path zero_index = folder / "zero.index.json";
+  fs::create_symlink("/dev/zero", zero_index);
+  EXPECT_GRADSYNC_ERROR(io::SafetensorsSet{zero_index}, "zero.index.json", "is a character device, not a regular file");
+  EXPECT_GRADSYNC_ERROR(io::checksum_file("/dev/zero"), "/dev/zero", "is a character device");
+
+  // A Hugging Face cache: snapshots/<rev>/ holds links into blobs/, the index's too.
+  const fs::path blobs = folder / "hub" / "blobs", snapshot = folder / "hub" / "snapshots" / "abc";
+  fs::create_directories(blobs);
+  fs::create_directories(snapshot);
+  for (const fs::directory_entry& entry : fs::directory_iterator(set)) {
+    if (entry.path().filename() == "real.bin") continue;
+    fs::copy_file(entry.path(), blobs / ("blob-" + entry.path().filename().string()));
+    fs::create_symlink("../../blobs/blob-" + entry.path().filename().string(), snapshot / entry.path().filename());
+  }
+  const io::SafetensorsSet cached(snapshot / "model.safetensors.index.json");
+  for (const io::NamedTensor& t : tensors) {
+    EXPECT_EQ(cached.read(t.name).to(DType::f32).to_double_vector(), t.tensor.to(DType::f32).to_double_vector()) << t.name;
+  }
+}
+
 }  // namespace gradsync

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <map>
 #include <optional>
 #include <string>
@@ -76,7 +77,10 @@ struct TensorInfo {
   std::string dtype_label() const;
 };
 
-// Opens a file and validates its header. Tensor data is read on demand.
+class ReadableFile;
+
+// Opens a file and validates its header. Tensor data is read on demand, through the descriptor
+// opened here (the file is opened once: only a regular file, never a FIFO or a device).
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::filesystem::path path);  // an error naming the file and the fault
@@ -103,9 +107,10 @@ class SafetensorsReader {
   static constexpr std::size_t kMaxHeaderBytes = 100'000'000;
 
  private:
-  Tensor read_tensor(int file, const TensorInfo& info) const;
+  Tensor read_tensor(const TensorInfo& info) const;
 
   std::filesystem::path path_;
+  std::shared_ptr<const ReadableFile> file_;  // open for the reader's life (shared by its copies)
   std::size_t data_start_ = 0;  // 8 + header length
   Metadata metadata_;
   std::vector<TensorInfo> tensors_;

@@ -59,15 +59,28 @@ class Adam : public Optimizer {
 // weight_decay for AdamW is 0.01.
 class AdamW : public Adam {
  public:
-  // Adam's defaults with AdamW's weight decay of 0.01.
-  static Options defaults() {
-    Options options;
-    options.weight_decay = 1e-2;
-    return options;
-  }
+  // torch.optim.AdamW's hyperparameters: Adam's, with AdamW's own default weight decay of 0.01,
+  // so that AdamW::Options{.lr = 3e-4} decays as torch.optim.AdamW(lr=3e-4) does (it was Adam's
+  // Options, whose 0 then silently turned the decay off).
+  struct Options {
+    double lr = 1e-3;            // the learning rate
+    double beta1 = 0.9;          // decay of the first moment
+    double beta2 = 0.999;        // decay of the second moment
+    double eps = 1e-8;           // added to the denominator
+    double weight_decay = 1e-2;  // decoupled: param *= 1 - lr * weight_decay
+    bool amsgrad = false;        // keep the maximum of the second moments
+    bool maximize = false;       // ascend
+    // The same values as Adam's options (a Group's, options(), set_options()).
+    operator Adam::Options() const { return {lr, beta1, beta2, eps, weight_decay, amsgrad, maximize}; }
+  };
+  // AdamW's defaults as Adam's options (for a Group).
+  static Adam::Options defaults() { return Options{}; }
+  // Every trainable parameter of the registry, one group, torch.optim.AdamW's defaults.
+  explicit AdamW(ParameterRegistry& registry);
   // Every trainable parameter of the registry, one group; MasterWeights::f32 for f16/bf16.
-  AdamW(ParameterRegistry& registry, const Options& options = defaults(),
-        MasterWeights master_weights = MasterWeights::none);
+  AdamW(ParameterRegistry& registry, const Options& options, MasterWeights master_weights = MasterWeights::none);
+  // The same, with every value given as Adam's options (AdamW::defaults(), options(g) of another).
+  AdamW(ParameterRegistry& registry, const Adam::Options& options, MasterWeights master_weights = MasterWeights::none);
   AdamW(ParameterRegistry& registry, std::vector<Group> groups, MasterWeights master_weights = MasterWeights::none);
 };
 

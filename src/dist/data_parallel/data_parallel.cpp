@@ -81,6 +81,7 @@ struct DataParallel::Impl {
     reducer_options.prescale = 1.0 / (comm.size() * (replicas != nullptr ? replicas->size() : 1));
     reducer_options.replicas = replicas;
     reducer_options.reduce_scatter = options.shard_gradients;
+    reducer_options.user = "DataParallel";
     reducer_options.max_buckets_in_flight = options.max_buckets_in_flight.value_or(options.shard_gradients ? 2 : 0);
     if (!options.units.empty()) {
       GRADSYNC_CHECK(options.shard_gradients, "DataParallel: units (ZeRO stage 3) need shard_gradients");

@@ -166,6 +166,7 @@ struct DistributedOptimizer::Impl {
         reducer_options.postscale = options.gradient_predivide_factor / comm.size();
       }
       if (adasum) reducer_options.hook = adasum_hook();
+      reducer_options.user = "a DistributedOptimizer";
       reducer = std::make_unique<Reducer>(optimizer.registry(), comm, dense, adasum ? std::vector<std::vector<Parameter*>>{}
                                                                                     : dense_groups,
                                           reducer_options);

@@ -32,7 +32,9 @@ LocalSGD::LocalSGD(ParameterRegistry& registry, comm::Communicator& comm, LocalS
 }
 
 void LocalSGD::set_steps(std::int64_t steps) {
-  GRADSYNC_CHECK(steps >= 0, "LocalSGD::set_steps: ", steps, " is negative");
+  // (bounded far beyond any run: step() adds one to it)
+  GRADSYNC_CHECK(steps >= 0 && steps <= (std::int64_t{1} << 60), "LocalSGD::set_steps: ", steps,
+                 " is not a step count (0 to 2^60)");
   steps_ = steps;
 }
 

@@ -2,9 +2,12 @@
 // How buckets are formed is buckets.cpp's.
 #include "gradsync/dist/reducer/reducer.h"
 
+#include "claims.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "gradsync/comm/records/flight_recorder.h"
@@ -64,6 +67,7 @@ struct Reducer::Impl {
   };
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // registry index -> (bucket, member); bucket npos if none
+  std::optional<ReductionClaim> claim;  // the gradients this Reducer alone reduces
   std::size_t next_to_launch = 0;
   std::size_t next_to_complete = 0;  // buckets complete in launch order
   bool started = false;
@@ -170,6 +174,8 @@ struct Reducer::Impl {
     for (Bucket& bucket : buckets) bucket.info.bucket_count = buckets.size();
     GRADSYNC_CHECK(!(options.reduce_scatter && options.hook), "Reducer: reduce_scatter (ZeRO stage 2) and a reduce ",
                    "hook do not combine: a hook reduces the whole bucket");
+    // One synchronizer per gradient (claims.h): last, once everything else about `order` is valid.
+    claim.emplace(order, options.user);
   }
 
   // A bucket whose members are neighbours in one arena is a view of it (zero copies);

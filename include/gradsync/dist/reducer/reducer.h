@@ -115,6 +115,9 @@ struct ReducerOptions {
   // reduced piece is allreduced over them (on the engine's thread, when the bucket completes),
   // so only one piece per rank crosses between groups. Null, or of size 1: no other group.
   comm::Communicator* replicas = nullptr;
+  // Who reduces with it, for the error when a parameter it reduces is already reduced by another
+  // live Reducer ("DataParallel"): a gradient is reduced by one synchronizer, never two.
+  std::string user = "a Reducer";
 };
 
 // One bucket as formed: its members and the layout of its flat buffer (what hooks receive).

@@ -1,13 +1,29 @@
 // DiLoCo's checkpoints (gradsync/dist/outer/diloco.h): the outer model, the outer SGD's state, the
 // fragments in flight, and the options they were made with.
+#include <cmath>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "gradsync/dist/replicas/replicas.h"
+#include "gradsync/io/checksum.h"
 #include "state.h"
 
 namespace gradsync::dist {
 
 namespace {
+
+constexpr std::int64_t kMaxSteps = std::int64_t{1} << 60;
+
+void require_finite(const Tensor& tensor, const std::string& where, const std::string& name) {
+  const Tensor values = tensor.to(DType::f64);
+  const double* data = values.data_as<double>();
+  for (std::int64_t i = 0; i < values.numel(); ++i) {
+    GRADSYNC_CHECK(std::isfinite(data[i]), where, ": '", name, "' holds ", data[i], " at element ", i,
+                   " (a state to resume from is finite)");
+  }
+}
 
 std::string number(double value) {
   char text[64];
@@ -54,74 +70,141 @@ io::Metadata DiLoCo::state_metadata() const {
   for (const auto& [key, value] : diloco_option_entries(impl_->options)) metadata[key] = value;
   metadata["diloco.world"] = std::to_string(impl_->comm.size());
   metadata["diloco.steps"] = std::to_string(impl_->steps);
+  std::string pending;  // the fragments whose pseudo-gradients are in the file: none may go missing
+  for (std::size_t f = 0; f < impl_->fragments.size(); ++f) {
+    if (!impl_->fragments[f].pending) continue;
+    if (!pending.empty()) pending += ' ';
+    pending += std::to_string(f);
+  }
+  metadata["diloco.pending"] = pending;
   return metadata;
 }
 
-void DiLoCo::load_state(const io::SafetensorsReader& file) {
-  const std::string where = "DiLoCo::load_state from '" + file.path().string() + "'";
+// What a state file holds, read and checked on this rank before anything changes.
+struct DiLoCo::Impl::Loaded {
+  std::int64_t steps = -1;
+  std::vector<Tensor> outer_values;  // by trainable index
+  std::vector<Tensor> pending;       // by trainable index: undefined where none
+  std::uint64_t digest = 0;          // of the steps and every state tensor
+};
+
+DiLoCo::Impl::Loaded DiLoCo::Impl::read_state(const io::SafetensorsReader& file, const std::string& where) const {
   const io::Metadata& metadata = file.metadata();
   const auto value_of = [&](const std::string& key) -> const std::string& {
     const auto found = metadata.find(key);
     GRADSYNC_CHECK(found != metadata.end(), where, ": no '", key, "' in its metadata (not a DiLoCo state?)");
     return found->second;
   };
-  for (const auto& [key, value] : diloco_option_entries(impl_->options)) {
+  for (const auto& [key, value] : diloco_option_entries(options)) {
     GRADSYNC_CHECK(value_of(key) == value, where, ": it was saved with ", key, " ", value_of(key), ", this run has ", value);
   }
-  GRADSYNC_CHECK(value_of("diloco.world") == std::to_string(impl_->comm.size()), where, ": it was saved by ",
-                 value_of("diloco.world"), " rank(s), this run has ", impl_->comm.size(),
+  GRADSYNC_CHECK(value_of("diloco.world") == std::to_string(comm.size()), where, ": it was saved by ",
+                 value_of("diloco.world"), " rank(s), this run has ", comm.size(),
                  " (the outer momentum averages over the ranks it was made with)");
-  std::int64_t steps = -1;
+  Loaded loaded;
   try {
     std::size_t used = 0;
-    steps = std::stoll(value_of("diloco.steps"), &used);
-    if (used != value_of("diloco.steps").size()) steps = -1;
+    loaded.steps = std::stoll(value_of("diloco.steps"), &used);
+    if (used != value_of("diloco.steps").size()) loaded.steps = -1;
   } catch (const std::exception&) {
   }
-  GRADSYNC_CHECK(steps >= 0, where, ": 'diloco.steps' is '", value_of("diloco.steps"), "', not a step count");
-  // Everything read and checked before anything changes: g, then the outer SGD's own check.
-  std::vector<Tensor> outer_values;
-  for (Parameter* parameter : impl_->mirror) {
-    const std::string name = "diloco.outer." + parameter->name();
+  // (bounded far beyond any run: the schedule adds to it and to the offsets)
+  GRADSYNC_CHECK(loaded.steps >= 0 && loaded.steps <= kMaxSteps, where, ": 'diloco.steps' is '", value_of("diloco.steps"),
+                 "', not a step count (0 to ", kMaxSteps, ")");
+  const auto read_checked = [&](const std::string& name, const Parameter& parameter) {
     const io::TensorInfo* info = file.find(name);
-    GRADSYNC_CHECK(info != nullptr, where, ": no '", name, "'");
-    GRADSYNC_CHECK(info->shape == parameter->shape() && info->dtype == parameter->dtype(), where, ": '", name, "' is ",
-                   info->dtype_label(), shape_str(info->shape), ", the parameter ", dtype_name(parameter->dtype()),
-                   shape_str(parameter->shape()));
-    outer_values.push_back(file.read(name));
+    GRADSYNC_CHECK(info->shape == parameter.shape() && info->dtype == parameter.dtype(), where, ": '", name, "' is ",
+                   info->dtype_label(), shape_str(info->shape), ", the parameter ", dtype_name(parameter.dtype()),
+                   shape_str(parameter.shape()));
+    Tensor tensor = file.read(name);
+    require_finite(tensor, where, name);
+    return tensor;
+  };
+  for (Parameter* parameter : mirror) {
+    const std::string name = "diloco.outer." + parameter->name();
+    GRADSYNC_CHECK(file.find(name) != nullptr, where, ": no '", name, "'");
+    loaded.outer_values.push_back(read_checked(name, *parameter));
   }
-  // The fragments whose outer step was still to land: all of a fragment's members or none.
-  std::vector<Tensor> pending(impl_->trainable.size());
-  for (const Impl::Fragment& fragment : impl_->fragments) {
+  // The fragments whose outer step was still to land: all of a fragment's members or none, only
+  // where the schedule can have one in flight, and exactly those the metadata lists.
+  loaded.pending.resize(trainable.size());
+  const auto listed = metadata.find("diloco.pending");
+  std::set<std::string> in_flight;  // the fragment numbers it lists
+  if (listed != metadata.end()) {
+    std::istringstream words(listed->second);
+    for (std::string word; words >> word;) in_flight.insert(word);
+  }
+  for (std::size_t f = 0; f < fragments.size(); ++f) {
+    const Fragment& fragment = fragments[f];
     std::size_t found = 0;
     for (const std::size_t k : fragment.members) {
-      const Parameter& parameter = *impl_->trainable[k];
-      const std::string name = "diloco.pending." + parameter.name();
-      const io::TensorInfo* info = file.find(name);
-      if (info == nullptr) continue;
-      GRADSYNC_CHECK(info->shape == parameter.shape() && info->dtype == parameter.dtype(), where, ": '", name, "' is ",
-                     info->dtype_label(), shape_str(info->shape), ", the parameter ", dtype_name(parameter.dtype()),
-                     shape_str(parameter.shape()));
-      pending[k] = file.read(name);
+      const std::string name = "diloco.pending." + trainable[k]->name();
+      if (file.find(name) == nullptr) continue;
+      loaded.pending[k] = read_checked(name, *trainable[k]);
       ++found;
     }
+    const std::string first = trainable[fragment.members.front()]->name();
     GRADSYNC_CHECK(found == 0 || found == fragment.members.size(), where, ": ", found, " of the ", fragment.members.size(),
-                   " parameters of fragment '", impl_->trainable[fragment.members.front()]->name(), "'... have a pending ",
-                   "pseudo-gradient (a fragment's are saved together)");
+                   " parameters of fragment '", first, "'... have a pending pseudo-gradient (a fragment's are saved together)");
+    GRADSYNC_CHECK(found == 0 || may_be_pending(fragment, loaded.steps), where, ": fragment '", first, "'... has a ",
+                   "pending pseudo-gradient, but at step ", loaded.steps, " the schedule has none of its reductions in flight");
+    if (listed != metadata.end()) {
+      const bool said = in_flight.count(std::to_string(f)) > 0;
+      GRADSYNC_CHECK(said == (found > 0), where, ": fragment '", first, "'... is ", said ? "" : "not ", "in flight by its ",
+                     "'diloco.pending' (", listed->second, "), but the file ", found > 0 ? "holds" : "lacks",
+                     " its pending pseudo-gradients (an outer step would be ", said ? "dropped)" : "taken twice)");
+    }
   }
+  // The outer SGD's momentum: finite (a NaN would reach every weight at the next outer step), and
+  // the optimizer's own checks (a buffer its step counts say exists is there).
+  std::vector<io::NamedTensor> momentum;
+  for (const io::TensorInfo& info : file.tensors()) {
+    if (!info.name.starts_with("optimizer.state.")) continue;
+    momentum.push_back({info.name, file.read(info.name)});
+    require_finite(momentum.back().tensor, where, info.name);
+  }
+  outer_sgd->check_state(momentum, metadata, where);
+  io::Xxh64 digest(static_cast<std::uint64_t>(loaded.steps));
+  for (const io::TensorInfo& info : file.tensors()) {
+    if (!info.name.starts_with("optimizer.state.") && !info.name.starts_with("diloco.")) continue;
+    const Tensor tensor = file.read(info.name);
+    digest.update(info.name.data(), info.name.size());
+    digest.update(tensor.data(), tensor.nbytes());
+  }
+  loaded.digest = digest.digest();
+  return loaded;
+}
+
+void DiLoCo::load_state(const io::SafetensorsReader& file) {
+  const std::string where = "DiLoCo::load_state from '" + file.path().string() + "'";
+  // Everything read and checked on every rank before anything changes, then one agreement: every
+  // rank loads the same state or none does (the replicas would differ after synchronize()).
+  Impl::Loaded loaded;
+  std::string fault;
+  try {
+    loaded = impl_->read_state(file, where);
+  } catch (const std::exception& error) {
+    fault = error.what();
+  }
+  const std::vector<std::string> lines = {fault.empty() ? "loadable" : "not loadable",
+                                          "steps " + std::to_string(loaded.steps),
+                                          "xxh64 " + io::hex_digest(loaded.digest)};
+  require_same_lines(impl_->comm, lines, where, "DiLoCo state (load the same file on every rank)");
+  if (impl_->within != nullptr) require_same_lines(*impl_->within, lines, where, "DiLoCo state");
+  if (!fault.empty()) throw Error(fault);
   impl_->outer_sgd->load_state(file);
-  for (std::size_t k = 0; k < impl_->mirror.size(); ++k) impl_->mirror[k]->value().copy_from(outer_values[k]);
+  for (std::size_t k = 0; k < impl_->mirror.size(); ++k) impl_->mirror[k]->value().copy_from(loaded.outer_values[k]);
   for (Impl::Fragment& fragment : impl_->fragments) {
     impl_->land(fragment);  // a reduction of this run in flight: done with before it is replaced
     fragment.wires.clear();
-    fragment.pending = pending[fragment.members.front()].defined();
+    fragment.pending = loaded.pending[fragment.members.front()].defined();
     if (!fragment.pending) continue;
     impl_->allocate_wires(fragment);
     for (Impl::Wire& wire : fragment.wires) {
-      for (const auto& [k, offset] : wire.members) Impl::to_wire(pending[k], wire, offset);
+      for (const auto& [k, offset] : wire.members) Impl::to_wire(loaded.pending[k], wire, offset);
     }
   }
-  impl_->steps = steps;
+  impl_->steps = loaded.steps;
 }
 
 }  // namespace gradsync::dist

@@ -239,6 +239,13 @@ bool DiLoCo::Impl::advance(JoinStep* step) {
   return landed;
 }
 
+bool DiLoCo::Impl::may_be_pending(const Fragment& fragment, std::int64_t at) const {
+  const std::int64_t s = at - options.warmup_steps;
+  if (s < fragment.offset) return false;  // not launched yet
+  const std::int64_t launched = fragment.offset + (s - fragment.offset) / options.sync_every * options.sync_every;
+  return launched + options.delay > s;  // lands at launched + delay, in that step
+}
+
 // Every fragment in flight lands; then one more outer step of every fragment that some rank has
 // moved since its last launch (its progress would be lost otherwise), after which every rank
 // holds g.

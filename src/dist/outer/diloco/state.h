@@ -60,6 +60,12 @@ struct DiLoCo::Impl {
   void land(Fragment& fragment);
   void apply(Fragment& fragment);
   bool due(std::int64_t s, std::int64_t offset) const { return s >= offset && (s - offset) % options.sync_every == 0; }
+  // Whether the schedule can have `fragment`'s reduction in flight after `steps` step() calls:
+  // launched at its last due step and not landed yet (a state to load is checked against it).
+  bool may_be_pending(const Fragment& fragment, std::int64_t steps) const;
+  // A state file read and checked against this DiLoCo (checkpoint.cpp), nothing changed yet.
+  struct Loaded;
+  Loaded read_state(const io::SafetensorsReader& file, const std::string& where) const;
   // The next inner step: the launches and outer steps due at it. A joined rank takes no inner
   // step; its steps stop at the first launch, which it reports through `census` (null: active).
   bool advance(JoinStep* step);
