@@ -34,7 +34,18 @@ class GlooBackend final : public Backend {
  public:
   GlooBackend(std::shared_ptr<gloo::Context> context, Rendezvous rendezvous, std::string prefix)
       : context_(std::move(context)), rendezvous_(std::move(rendezvous)), prefix_(std::move(prefix)) {
-    peers_.learn(*context_, *this);
+    try {
+      peers_.learn(*context_, *this);
+    } catch (const std::exception& error) {
+      // Still connecting (the directory is what names peers later): a peer that died now is
+      // named as connect_full_mesh names one, by the ranks that said nothing.
+      std::vector<std::string> keys;
+      for (int r = 0; r < size(); ++r) keys.push_back(prefix_ + "gradsync/connect-failed/" + std::to_string(r));
+      const std::optional<std::vector<bool>> said =
+          store_markers(rendezvous_.store, keys, rank(), std::chrono::milliseconds(500), std::chrono::milliseconds(500));
+      detail::throw_error("gloo rendezvous of rank ", rank(), " of ", size(), " failed as the ranks exchanged their ",
+                          "addresses: ", error.what(), silent_ranks(said, rank(), size(), rendezvous_.where));
+    }
   }
 
   const char* name() const override { return "gloo"; }
@@ -134,8 +145,7 @@ class GlooBackend final : public Backend {
   // sequence, so the n-th duplicate of this context meets under the same name everywhere.
   std::unique_ptr<Backend> make_duplicate() override {
     const std::string prefix = prefix_ + "dup" + std::to_string(duplicates_++) + "/";
-    gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
-    auto context = connect_full_mesh(store, rendezvous_, rank(), size());
+    auto context = connect_full_mesh(std::make_shared<OwningPrefixStore>(prefix, rendezvous_.store), rendezvous_, rank(), size());
     auto child = std::make_unique<GlooBackend>(std::move(context), rendezvous_, prefix);
     child->set_timeout(timeout_);
     return child;
@@ -147,8 +157,8 @@ class GlooBackend final : public Backend {
   std::unique_ptr<Backend> make_split(int color, int, const SplitPlace& place) override {
     const std::string prefix = prefix_ + "split" + std::to_string(splits_++) + "." + std::to_string(color) + "/";
     if (color < 0) return nullptr;
-    gloo::rendezvous::PrefixStore store(prefix, *rendezvous_.store);
-    auto context = connect_full_mesh(store, rendezvous_, place.rank, place.size);
+    auto context =
+        connect_full_mesh(std::make_shared<OwningPrefixStore>(prefix, rendezvous_.store), rendezvous_, place.rank, place.size);
     auto child = std::make_unique<GlooBackend>(std::move(context), rendezvous_, prefix);
     child->set_timeout(timeout_);
     return child;
@@ -188,12 +198,14 @@ class GlooBackend final : public Backend {
     for (int r = 0; r < size(); ++r) keys.push_back(kind + std::to_string(world_rank(r)));
     const auto grace = timed_out ? std::min<std::chrono::milliseconds>(std::chrono::milliseconds(5000), timeout_ / 4)
                                  : std::chrono::milliseconds(0);
-    const std::optional<std::vector<bool>> recorded = store_markers(rendezvous_.store, keys, rank(), grace);
+    const std::optional<std::vector<bool>> recorded =
+        store_markers(rendezvous_.store, keys, rank(), grace, std::chrono::seconds(2));
     if (lost) {
       return peers_.explain(message, *this, recorded ? &*recorded : nullptr);
     }
     const std::string explained = peers_.explain(message, *this);
-    if (!recorded) return explained;
+    // No store to ask: whoever served it is gone, the likeliest cause of the timeout too.
+    if (!recorded) return explained + silent_ranks(std::nullopt, rank(), size(), rendezvous_.where);
     std::vector<int> silent;
     for (int peer = 0; peer < size(); ++peer) {
       if (peer != rank() && !(*recorded)[static_cast<std::size_t>(peer)]) silent.push_back(peer);
@@ -207,45 +219,6 @@ class GlooBackend final : public Backend {
   }
 
  private:
-  // Records keys[me] in `store`, then which of the other keys are there: each looked for until
-  // `grace` has passed, then once more. On a thread of its own, waited for at most grace + 2 s: a
-  // store whose server is stopped (not gone) would otherwise hold this rank for the store's own
-  // timeout. nullopt when the store did not answer in time, or failed. The thread holds the store
-  // (shared), not this backend, which may be gone before it ends.
-  static std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous::Store> store,
-                                                        std::vector<std::string> keys, int me,
-                                                        std::chrono::milliseconds grace) {
-    using Clock = std::chrono::steady_clock;
-    auto result = std::make_shared<std::promise<std::vector<bool>>>();
-    std::future<std::vector<bool>> answer = result->get_future();
-    std::thread([store, keys, me, grace, result] {
-      try {
-        store->set(keys[static_cast<std::size_t>(me)], {'1'});
-        const auto deadline = Clock::now() + grace;
-        std::vector<bool> present(keys.size(), false);
-        present[static_cast<std::size_t>(me)] = true;
-        for (std::size_t k = 0; k < keys.size(); ++k) {
-          if (present[k]) continue;
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-          try {
-            store->wait({keys[k]}, std::max(left, std::chrono::milliseconds(1)));
-            present[k] = true;
-          } catch (const std::exception&) {
-          }
-        }
-        result->set_value(std::move(present));
-      } catch (...) {
-        result->set_exception(std::current_exception());
-      }
-    }).detach();
-    if (answer.wait_for(grace + std::chrono::seconds(2)) != std::future_status::ready) return std::nullopt;
-    try {
-      return answer.get();
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-
   // Calls fn((E*)nullptr) with an element type of the dtype's size; Gloo only moves bytes.
   template <typename Fn>
   static void with_element_type(DType dtype, Fn&& fn) {

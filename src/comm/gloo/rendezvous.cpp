@@ -9,11 +9,18 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <map>
+#include <string_view>
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -56,7 +63,9 @@ class ReportingStore final : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
   std::vector<char> get(const std::string& key) override {
     wait({key}, std::chrono::milliseconds(0));
-    return inner_.get(key);
+    std::vector<char> value = inner_.get(key);
+    published_[key] = value;  // a peer's addresses: which rank a failing pair's address is
+    return value;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
@@ -64,7 +73,10 @@ class ReportingStore final : public gloo::rendezvous::Store {
     if (deadline_ == std::chrono::steady_clock::time_point{}) deadline_ = start + timeout_;  // the first wait starts it
     const auto left = std::max(std::chrono::milliseconds(1),
                                std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - start));
-    const auto limit = timeout.count() > 0 ? std::min<std::chrono::milliseconds>(timeout, left) : left;
+    // Gloo passes its context's timeout, which connect_full_mesh shortens for the pairs' sake:
+    // the rendezvous keeps its own deadline.
+    static_cast<void>(timeout);
+    const auto limit = left;
     auto next_report = start + report_every_;
     for (;;) {
       const auto now = std::chrono::steady_clock::now();
@@ -74,8 +86,10 @@ class ReportingStore final : public gloo::rendezvous::Store {
       try {
         inner_.wait(keys, slice);
         return;
-      } catch (const StoreGone&) {
-        throw;  // nobody will ever answer: say so now
+      } catch (const StoreGone& gone) {
+        // Nobody will ever answer: say so now, and whom this rank was waiting for (the store's
+        // server may have ended at its own timeout, waiting for the same rank).
+        throw StoreGone(std::string(gone.what()) + "; this rank was waiting for " + awaited(keys));
       } catch (const std::exception&) {
         // not there yet: report or give up below
       }
@@ -93,6 +107,35 @@ class ReportingStore final : public gloo::rendezvous::Store {
   }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
+  // The rank whose published addresses hold the IPv4 address Gloo names in `message`
+  // ("Connect timeout [127.0.0.1]:35209": the pair's peer), or -1. Each rank publishes the
+  // sockaddr of its end of every pair under its rank number (Gloo's full mesh).
+  int rank_of_address(const std::string& message) const {
+    unsigned a = 0, b = 0, c = 0, d = 0, port = 0;
+    bool found = false;  // (the first bracket may be Gloo's source location, "[./gloo/...]")
+    for (std::size_t open = message.find('['); open != std::string::npos && !found; open = message.find('[', open + 1)) {
+      found = std::sscanf(message.c_str() + open, "[%u.%u.%u.%u]:%u", &a, &b, &c, &d, &port) == 5 && port <= 65535;
+    }
+    if (!found) return -1;
+    // sockaddr_in as stored: family (AF_INET, host order), port, address. The port is looked for
+    // in both byte orders: the pair's end as published is not always printed through ntohs.
+    const sa_family_t family = AF_INET;
+    const auto pattern_of = [&](unsigned first, unsigned second) {
+      std::string bytes(reinterpret_cast<const char*>(&family), sizeof family);
+      bytes += {static_cast<char>(first), static_cast<char>(second), static_cast<char>(a), static_cast<char>(b),
+                static_cast<char>(c), static_cast<char>(d)};
+      return bytes;
+    };
+    const std::string network = pattern_of(port >> 8, port & 0xff), swapped = pattern_of(port & 0xff, port >> 8);
+    for (const auto& [key, value] : published_) {
+      const std::string_view blob(value.data(), value.size());
+      if (blob.find(network) == std::string_view::npos && blob.find(swapped) == std::string_view::npos) continue;
+      const std::string number = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
+      if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos) return std::stoi(number);
+    }
+    return -1;
+  }
+
  private:
   // Gloo's full mesh publishes every rank's addresses under its rank number ("3") and waits
   // for the others' one by one: report every rank whose key is not there yet, not only the one
@@ -108,6 +151,18 @@ class ReportingStore final : public gloo::rendezvous::Store {
     }
   }
 
+  // The keys waited for, as ranks where they are Gloo's rank keys ("1", or "rank_1"): what to say
+  // when the store cannot be asked any more.
+  static std::string awaited(const std::vector<std::string>& keys) {
+    std::string text;
+    for (std::string key : keys) {
+      if (key.rfind("rank_", 0) == 0) key = key.substr(5);
+      const bool rank = !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+      text += (text.empty() ? "" : ", ") + (rank ? "rank " + key : "key '" + key + "'");
+    }
+    return text + " (not arrived yet)";
+  }
+
   std::string missing(const std::vector<std::string>& keys) {
     bool rank_keys = true;
     for (const std::string& key : keys) {
@@ -121,9 +176,14 @@ class ReportingStore final : public gloo::rendezvous::Store {
       return text.empty() ? "peers that were slow to publish" : "rank(s) " + text + " (not arrived yet)";
     }
     for (const std::string& key : keys) {
-      if (!present(key)) text += (text.empty() ? "'" : ", '") + key + "'";
+      if (present(key)) continue;
+      if (!text.empty()) text += ", ";
+      // Gloo's per-rank keys ("rank_1") are a rank's: say so.
+      const bool of_rank = key.rfind("rank_", 0) == 0 && key.size() > 5 &&
+                           key.find_first_not_of("0123456789", 5) == std::string::npos;
+      text += of_rank ? "rank " + key.substr(5) + " (its key '" + key + "' not published yet)" : "key '" + key + "'";
     }
-    return "key(s) " + text;
+    return text;
   }
 
   gloo::rendezvous::Store& inner_;
@@ -133,24 +193,98 @@ class ReportingStore final : public gloo::rendezvous::Store {
   std::chrono::milliseconds report_every_;
   std::chrono::milliseconds timeout_{300000};
   std::chrono::steady_clock::time_point deadline_{};  // the whole rendezvous's
+  std::map<std::string, std::vector<char>> published_;  // what get() returned, by key
 };
 
 }  // namespace
 
-std::shared_ptr<gloo::Context> connect_full_mesh(gloo::rendezvous::Store& store, const Rendezvous& rendezvous, int rank,
-                                                 int size) {
-  ReportingStore reporting(store, rendezvous.where, rank, size);
+std::shared_ptr<gloo::Context> connect_full_mesh(std::shared_ptr<gloo::rendezvous::Store> store, const Rendezvous& rendezvous,
+                                                 int rank, int size) {
+  ReportingStore reporting(*store, rendezvous.where, rank, size);
   reporting.set_timeout(rendezvous.timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(rendezvous.timeout);
+  // A pair waits five times its timeout for its first connection (Gloo's rule): with the
+  // rendezvous timeout there, a peer that died while the ranks connected held a survivor 25 s
+  // against a 5 s bound. The pairs are made with a fifth of it; the context gets it all back.
+  context->setTimeout(std::max(rendezvous.timeout / 5, std::chrono::milliseconds(1)));
   try {
     std::shared_ptr<gloo::transport::Device> device = rendezvous.device;  // Gloo takes it by non-const reference
     context->connectFullMesh(reporting, device);
   } catch (const std::exception& error) {
+    const std::string message = error.what();
+    // The store's waits name who never arrived; a pair's failure names an address. Which rank
+    // is it? Every rank that fails here says so in the store: the ones that say nothing within
+    // a moment are the ones that died (or hang) while the ranks connected.
+    std::string who;
+    // Every failing rank says so (even one whose own message names the missing), so that the
+    // others can tell it from the dead.
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back("gradsync/connect-failed/" + std::to_string(r));
+    const std::optional<std::vector<bool>> said =
+        size > 1 ? store_markers(store, keys, rank, std::chrono::milliseconds(500), std::chrono::milliseconds(500))
+                 : std::nullopt;
+    const int peer = reporting.rank_of_address(message);
+    if (peer >= 0 && peer != rank) {
+      who = " (that is the pair with rank " + std::to_string(peer) + ", which did not connect: it died or hangs)";
+    } else if (message.find("not arrived yet") == std::string::npos && message.find("not published yet") == std::string::npos &&
+               size > 1) {
+      who = silent_ranks(said, rank, size, rendezvous.where);
+    }
     detail::throw_error("gloo rendezvous of rank ", rank, " of ", size, " failed (within ", rendezvous.timeout.count(),
-                        " ms): ", error.what());
+                        " ms): ", message, who);
   }
+  context->setTimeout(rendezvous.timeout);
   return context;
+}
+
+std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous::Store> store, std::vector<std::string> keys,
+                                               int me, std::chrono::milliseconds grace, std::chrono::milliseconds slack) {
+  using Clock = std::chrono::steady_clock;
+  if (!store) return std::nullopt;
+  auto result = std::make_shared<std::promise<std::vector<bool>>>();
+  std::future<std::vector<bool>> answer = result->get_future();
+  std::thread([store, keys, me, grace, result] {
+    try {
+      store->set(keys[static_cast<std::size_t>(me)], {'1'});
+      const auto deadline = Clock::now() + grace;
+      std::vector<bool> present(keys.size(), false);
+      present[static_cast<std::size_t>(me)] = true;
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        if (present[k]) continue;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        try {
+          store->wait({keys[k]}, std::max(left, std::chrono::milliseconds(1)));
+          present[k] = true;
+        } catch (const std::exception&) {
+        }
+      }
+      result->set_value(std::move(present));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (answer.wait_for(grace + slack) != std::future_status::ready) return std::nullopt;
+  try {
+    return answer.get();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string silent_ranks(const std::optional<std::vector<bool>>& said, int me, int size, const std::string& where) {
+  if (!said) {
+    return " (" + where + " does not answer either: whoever serves it has gone, rank 0 for a launcher's TCP store)";
+  }
+  std::string ranks;
+  int count = 0;
+  for (int r = 0; r < size; ++r) {
+    if (r == me || (*said)[static_cast<std::size_t>(r)]) continue;
+    if (++count <= 8) ranks += (count > 1 ? ", " : "") + std::to_string(r);
+  }
+  if (count == 0) return " (every other rank failed to connect too)";
+  if (count > 8) ranks += " and " + std::to_string(count - 8) + " more";
+  return std::string(" (rank") + (count > 1 ? "s " : " ") + ranks + " said nothing: died or hung while the ranks " +
+         "connected; the others failed to connect as this one did)";
 }
 
 bool gloo_available() { return true; }
@@ -160,13 +294,18 @@ namespace {
 // A rank's communicator once the store exists: meet, then hand the backend to the engine.
 std::unique_ptr<Communicator> meet(Rendezvous rendezvous, int rank, int size, const CommOptions& options,
                                    bool barrier_after = false) {
-  auto context = connect_full_mesh(*rendezvous.store, rendezvous, rank, size);
+  auto context = connect_full_mesh(rendezvous.store, rendezvous, rank, size);
   auto backend = make_gloo_backend(std::move(context), std::move(rendezvous), "");
   if (barrier_after) {
     // Everyone has read what it needed from the store once all ranks are connected; the
     // barrier lets rank 0 know that before its server may go away.
     backend->set_timeout(resolve_timeout(options.timeout));
-    backend->barrier();
+    try {
+      backend->barrier();
+    } catch (const std::exception& error) {  // raw Gloo words: the backend says which peer they mean
+      detail::throw_error("gloo rendezvous of rank ", rank, " of ", size, " failed at its closing barrier: ",
+                          backend->explain(error.what()));
+    }
   }
   return make_cpu_communicator(std::move(backend), options);
 }
@@ -247,9 +386,7 @@ std::unique_ptr<Communicator> gloo_prefixed_communicator(std::shared_ptr<gloo::r
                                                          const std::string& prefix, std::string where, int rank, int size,
                                                          const CommOptions& options) {
   GRADSYNC_CHECK(rank >= 0 && rank < size, "gloo_prefixed_communicator: rank ", rank, " is outside a world of ", size);
-  auto prefixed = std::make_shared<gloo::rendezvous::PrefixStore>(prefix, *store);
-  Rendezvous rendezvous = rendezvous_through(prefixed, std::move(where), options);
-  rendezvous.keepalive = store;  // the prefixed view holds a reference to it
+  Rendezvous rendezvous = rendezvous_through(std::make_shared<OwningPrefixStore>(prefix, store), std::move(where), options);
   return meet(std::move(rendezvous), rank, size, options);
 }
 

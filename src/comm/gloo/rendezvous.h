@@ -6,12 +6,15 @@
 #pragma once
 
 #include <gloo/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/cpu/backend.h"
 
@@ -28,10 +31,32 @@ struct Rendezvous {
   bool interruptible = false;                 // CommOptions::interruptible
 };
 
+// A view of a store under a prefix that keeps the store alive (Gloo's PrefixStore holds a plain
+// reference): a thread that outlives its caller (store_markers) may use it.
+class OwningPrefixStore final : public gloo::rendezvous::PrefixStore {
+ public:
+  OwningPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> parent)
+      : PrefixStore(prefix, *parent), parent_(std::move(parent)) {}
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Store> parent_;
+};
+
 // Connects this rank to every other through `store` (the rendezvous' own, or a prefixed view of
-// it for a duplicate), within the rendezvous timeout.
-std::shared_ptr<gloo::Context> connect_full_mesh(gloo::rendezvous::Store& store, const Rendezvous& rendezvous, int rank,
-                                                 int size);
+// it for a duplicate), within the rendezvous timeout. A failure names the ranks that said
+// nothing while the others failed (died or hung while the ranks connected).
+std::shared_ptr<gloo::Context> connect_full_mesh(std::shared_ptr<gloo::rendezvous::Store> store, const Rendezvous& rendezvous,
+                                                 int rank, int size);
+
+// Records keys[me] in `store`, then which of the other keys are there: each looked for until
+// `grace` has passed. On a thread of its own, waited for at most grace + slack: a store whose
+// server is stopped (not gone) would otherwise hold the caller for the store's own timeout.
+// nullopt when the store did not answer in time, failed, or is null. The thread holds the store.
+// How the ranks of a failure tell the dead from the survivors (backend.cpp, connect_full_mesh).
+std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous::Store> store, std::vector<std::string> keys,
+                                               int me, std::chrono::milliseconds grace, std::chrono::milliseconds slack);
+// " (rank 2 said nothing: ...)" from store_markers' answer, for a failure of rank `me` of `size`.
+std::string silent_ranks(const std::optional<std::vector<bool>>& said, int me, int size, const std::string& where);
 
 // The backend over a connected context (backend.cpp); `prefix` names it in the store, so
 // that its duplicates meet under fresh names.

@@ -101,7 +101,7 @@ void TcpStore::connect_until(Clock::time_point deadline, bool reconnecting) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 0 may not listen yet
   } while (Clock::now() < deadline);
   detail::throw_error("tcp store: cannot reach the rank-0 store at ", endpoint_, " (MASTER_ADDR:MASTER_PORT) within ",
-                      timeout_.count(), " ms: ", last_error);
+                      timeout_.count(), " ms: ", last_error, " (rank 0, which serves it, has not started, or has died)");
 }
 
 
