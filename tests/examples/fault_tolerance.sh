@@ -142,9 +142,16 @@ case $case_name in
     # transfer times out), so the survivors go on at once; group 2 recovers at a later quorum from
     # another source (or adopts what it verified), group 0 comes back and recovers too, and the job never goes below its highest committed step (check_samples.py:
     # the committed steps are recorded in order, without a gap or a repeat).
+    # The job must outlast group 2's way back: after 'named', its newcomer waits out its rendezvous
+    # timeout (3 s here) before it asks again; in 4 epochs the others once finished first (the
+    # step it missed was then lost, as the coordinator says). 8 epochs leave it time.
     for moment in named started halfway sent; do
       want "$moment" || continue
+      epochs=8
+      common[1]=$epochs
       run_job "$moment" "--ft-die $moment:0.0@25" "" "--ft-die reduce:2.1@25"
+      epochs=4
+      common[1]=$epochs
       grep -q "stopping at '$moment'" "$scratch/group0.log" || fail "$moment: group 0 never was a source"
       grep -q "recovered" "$scratch/group2.log" || fail "$moment: group 2 did not recover"
       grep -q "recovered" "$scratch/group0.log" || fail "$moment: group 0 did not recover"
