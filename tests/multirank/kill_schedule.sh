@@ -5,9 +5,7 @@
 # the timeout plus a second of the kill, with a message that names the dead rank ("rank 1",
 # "rank(s) 1, 2 (not arrived yet)", "ranks 0, 1 said nothing", "rank 0, which serves it").
 #   tests/multirank/kill_schedule.sh DIGITS_DDP TRIALS [SEED]
-# Run by hand (docs/communication.md has its results): not a meson test, since one corner still
-# misnames the dead rank about once in a hundred survivors (rank 0 leaves after failing and takes
-# the store with it before a slower survivor can learn why; see docs/communication.md).
+# `meson test kill_schedule` runs 10 trials; docs/communication.md has longer runs by hand.
 set -uo pipefail
 program=$1
 trials=$2

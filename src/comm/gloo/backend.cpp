@@ -39,12 +39,12 @@ class GlooBackend final : public Backend {
     } catch (const std::exception& error) {
       // Still connecting (the directory is what names peers later): a peer that died now is
       // named as connect_full_mesh names one, by the ranks that said nothing.
-      std::vector<std::string> keys;
-      for (int r = 0; r < size(); ++r) keys.push_back(prefix_ + "gradsync/connect-failed/" + std::to_string(r));
-      const std::optional<std::vector<bool>> said =
-          store_markers(rendezvous_.store, keys, rank(), std::chrono::milliseconds(500), std::chrono::milliseconds(500));
-      detail::throw_error("gloo rendezvous of rank ", rank(), " of ", size(), " failed as the ranks exchanged their ",
-                          "addresses: ", error.what(), silent_ranks(said, rank(), size(), rendezvous_.where));
+      // Its pairs closed first, so that a peer still exchanging with it fails now and asks too.
+      const int me = context_->rank, count = context_->size;
+      context_.reset();
+      const std::optional<std::vector<bool>> said = connect_failure_census(rendezvous_.store, prefix_, rendezvous_, me, count);
+      detail::throw_error("gloo rendezvous of rank ", me, " of ", count, " failed as the ranks exchanged their ",
+                          "addresses: ", error.what(), silent_ranks(said, me, count, rendezvous_.where));
     }
   }
 

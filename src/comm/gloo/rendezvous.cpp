@@ -212,19 +212,20 @@ std::shared_ptr<gloo::Context> connect_full_mesh(std::shared_ptr<gloo::rendezvou
     context->connectFullMesh(reporting, device);
   } catch (const std::exception& error) {
     const std::string message = error.what();
+    // Close this rank's pairs now rather than at unwinding: a peer still connecting to it fails
+    // at once, and asks the store below while the store is still there.
+    context.reset();
     // The store's waits name who never arrived; a pair's failure names an address. Which rank
     // is it? Every rank that fails here says so in the store: the ones that say nothing within
     // a moment are the ones that died (or hang) while the ranks connected.
-    std::string who;
-    // Every failing rank says so (even one whose own message names the missing), so that the
-    // others can tell it from the dead.
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back("gradsync/connect-failed/" + std::to_string(r));
     const std::optional<std::vector<bool>> said =
-        size > 1 ? store_markers(store, keys, rank, std::chrono::milliseconds(500), std::chrono::milliseconds(500))
-                 : std::nullopt;
+        size > 1 ? connect_failure_census(store, "", rendezvous, rank, size) : std::nullopt;
     const int peer = reporting.rank_of_address(message);
-    if (peer >= 0 && peer != rank) {
+    // A pair's peer that said it failed too is a survivor (it failed on the dead rank first and
+    // closed its pairs): the dead are the silent ones.
+    const bool peer_failed_too = peer >= 0 && said && (*said)[static_cast<std::size_t>(peer)];
+    std::string who;
+    if (peer >= 0 && peer != rank && !peer_failed_too) {
       who = " (that is the pair with rank " + std::to_string(peer) + ", which did not connect: it died or hangs)";
     } else if (message.find("not arrived yet") == std::string::npos && message.find("not published yet") == std::string::npos &&
                size > 1) {
@@ -269,6 +270,32 @@ std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous:
   } catch (const std::exception&) {
     return std::nullopt;
   }
+}
+
+std::optional<std::vector<bool>> connect_failure_census(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                        const std::string& prefix, const Rendezvous& rendezvous, int rank,
+                                                        int size) {
+  constexpr std::chrono::milliseconds kGrace(500);
+  std::vector<std::string> failed;
+  for (int r = 0; r < size; ++r) failed.push_back(prefix + "gradsync/connect-failed/" + std::to_string(r));
+  const std::optional<std::vector<bool>> said = store_markers(store, failed, rank, kGrace, kGrace);
+  if (!said) return said;
+  // Every rank says it has read; the rank that serves the store waits for those who said they
+  // failed to have read too, before its exit takes the store away. Without that wait a slower
+  // survivor, whose pair with rank 0 broke when rank 0 left, found no store to ask and blamed
+  // rank 0 for the rank that died (the corner of the kill -9 schedule). Bounded: a reader reads
+  // for at most its own grace after it said it failed.
+  std::vector<std::string> read;
+  int me = 0;
+  for (int r = 0; r < size; ++r) {
+    if (!(*said)[static_cast<std::size_t>(r)]) continue;
+    if (r == rank) me = static_cast<int>(read.size());
+    read.push_back(prefix + "gradsync/connect-read/" + std::to_string(r));
+  }
+  const bool serves_store = rendezvous.keepalive != nullptr;
+  store_markers(store, read, me, serves_store ? kGrace + std::chrono::milliseconds(100) : std::chrono::milliseconds(0),
+                kGrace);
+  return said;
 }
 
 std::string silent_ranks(const std::optional<std::vector<bool>>& said, int me, int size, const std::string& where) {

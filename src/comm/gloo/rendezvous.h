@@ -55,6 +55,13 @@ std::shared_ptr<gloo::Context> connect_full_mesh(std::shared_ptr<gloo::rendezvou
 // How the ranks of a failure tell the dead from the survivors (backend.cpp, connect_full_mesh).
 std::optional<std::vector<bool>> store_markers(std::shared_ptr<gloo::rendezvous::Store> store, std::vector<std::string> keys,
                                                int me, std::chrono::milliseconds grace, std::chrono::milliseconds slack);
+// Which ranks said they failed while the ranks connected (prefix + "gradsync/connect-failed/r",
+// through store_markers), this rank's failure recorded first. The rank that serves the store
+// (rendezvous.keepalive) then waits, at most a moment, until those ranks have read the answer,
+// so that its exit does not take the store from a slower survivor still asking.
+std::optional<std::vector<bool>> connect_failure_census(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                        const std::string& prefix, const Rendezvous& rendezvous, int rank,
+                                                        int size);
 // " (rank 2 said nothing: ...)" from store_markers' answer, for a failure of rank `me` of `size`.
 std::string silent_ranks(const std::optional<std::vector<bool>>& said, int me, int size, const std::string& where);
 
