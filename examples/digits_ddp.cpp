@@ -115,11 +115,10 @@ int main(int argc, char** argv) try {
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
   GRADSYNC_CHECK(!replica_options.enabled() ||
-                     (zero_stage <= 2 && powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
-                      options.precision != "fp16" && options.clip_norm == 0 && options.restarts.checkpoint_every == 0 &&
-                      options.resume.empty() && options.save.empty()),
-                 "--replica-groups runs with --zero 0, 1 or 2, without --powersgd-rank, --local-sgd / --diloco, --uneven, ",
-                 "--precision fp16, --clip-norm and checkpoints: a replacement recovers from a live group instead");
+                     (powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
+                      options.restarts.checkpoint_every == 0 && options.resume.empty() && options.save.empty()),
+                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco, --uneven ",
+                 "and checkpoints: a replacement recovers from a live group instead");
   GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && powersgd_rank == 0 && !options.uneven &&
                                              !options.check_replicas && options.restarts.checkpoint_every == 0 &&
                                              options.resume.empty()),
@@ -254,12 +253,12 @@ int main(int argc, char** argv) try {
           return zero ? zero->clip_grad_norm(max_norm) : optim::clip_grad_norm(*training->optimizer, max_norm);
         },
         [&] {
-          // Fault tolerance: the gradients averaged across the replica groups, and the step only
-          // when the coordinator commits it (every group alike).
-          if (replicas && !replicas->commit()) return;
           if (replicas) replicas->maybe_die("gather");
           zero ? zero->step() : training->optimizer->step();
-        });
+        },
+        // Fault tolerance: the gradients averaged across the replica groups, and the rest of the
+        // step (unscale, clip, step) only when the coordinator commits it, on that average.
+        replicas ? std::function<bool()>([&] { return replicas->commit(); }) : std::function<bool()>());
     training->optimizer->zero_grad();
     if (slow) slow->step();
     return step_loss;

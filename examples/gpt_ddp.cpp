@@ -79,24 +79,20 @@ int main(int argc, char** argv) try {
   const std::string backend = flags.text("--backend", "auto");
   const std::string device_text = flags.text("--device", "cpu");
   examples::GptConfig config;
-  config.layers = flags.count("--layers", 2);
-  config.heads = flags.count("--heads", 2);
-  config.embd = flags.count("--embd", 64);
-  config.block = flags.count("--block", 32);
+  config.layers = flags.count("--layers", 2), config.heads = flags.count("--heads", 2);
+  config.embd = flags.count("--embd", 64), config.block = flags.count("--block", 32);
   config.vocab = vocab;
   const std::string gelu = flags.text("--gelu", "tanh");
   config.gelu_tanh = gelu == "tanh";
   const std::string init = flags.text("--init", "");
   const std::int64_t seed = flags.integer("--seed", 1);
-  const std::int64_t batch = flags.count("--batch", 4);
-  const std::int64_t length = flags.count("--length", config.block);
+  const std::int64_t batch = flags.count("--batch", 4), length = flags.count("--length", config.block);
   const std::int64_t microbatches = flags.count("--microbatches", 1);
   const std::int64_t steps = flags.count("--steps", 50);
   const double lr = flags.number("--lr", 1e-3), min_lr = flags.number("--min-lr", 1e-4);
   const std::int64_t warmup = flags.count("--warmup", 10, 0), decay_steps = flags.count("--decay-steps", steps);
-  const double weight_decay = flags.number("--weight-decay", 0.1);
+  const double weight_decay = flags.number("--weight-decay", 0.1), eps = flags.number("--eps", 1e-8);
   const double beta1 = flags.number("--beta1", 0.9), beta2 = flags.number("--beta2", 0.95);
-  const double eps = flags.number("--eps", 1e-8);
   const double clip_norm = flags.number("--clip-norm", 1.0);
   const std::string metrics_path = flags.text("--metrics", "");
   const std::string save = flags.text("--save", "");
@@ -118,10 +114,10 @@ int main(int argc, char** argv) try {
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
-  GRADSYNC_CHECK(!replica_options.enabled() || (zero_stage <= 2 && shard_group < 0 && powersgd_rank == 0 &&
-                                                !slow_options.enabled() && !uneven && clip_norm == 0 && time_budget == 0 &&
+  GRADSYNC_CHECK(!replica_options.enabled() || (shard_group < 0 && powersgd_rank == 0 &&
+                                                !slow_options.enabled() && !uneven && time_budget == 0 &&
                                                 restarts.checkpoint_every == 0 && resume_flag.empty()),
-                 "--replica-groups runs with --zero 0, 1 or 2, --clip-norm 0, and without --shard-group, --powersgd-rank, ",
+                 "--replica-groups runs without --shard-group, --powersgd-rank, ",
                  "--local-sgd / --diloco, --uneven, --time-budget and checkpoints (a replacement recovers from a live group)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.
@@ -251,7 +247,6 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(config.embd), static_cast<long long>(config.block), data.size(),
                 static_cast<long long>(comm->size()), static_cast<long long>(batch), static_cast<long long>(length));
   }
-
   if (slow && comm->rank() == 0 && !quiet) std::printf("slow links: %s\n", slow->describe().c_str());
 
   // 3. The steps. With --uneven, rank r has data for fewer steps the higher it is; it then
@@ -307,6 +302,13 @@ int main(int argc, char** argv) try {
       sync_seconds += since(wait_start);
     }
     const Clock::time_point optimizer_start = Clock::now();
+    // Across replica groups: the quorum's average and the coordinator's decision first; clipping
+    // then sees that average, the same bits in every group, and a discarded step clipped nothing.
+    if (ft && !examples::commit_across_groups(*ft, replica_options, comm->rank())) {
+      optimizer.zero_grad();
+      examples::report_events(*ft, metrics, comm->rank(), quiet);
+      continue;  // discarded by every group: run again in the next quorum
+    }
     // The total norm before clipping; with clipping off it is still measured for --metrics (the
     // optimizer's statistics of the gradients it steps: under ZeRO, every rank's pieces summed).
     const double norm = clip_norm > 0 ? (zero ? zero->clip_grad_norm(clip_norm)  // the norm over every rank's pieces
@@ -316,12 +318,10 @@ int main(int argc, char** argv) try {
     const double rate = examples::learning_rate(step, lr, min_lr, warmup, decay_steps);
     optimizer.set_lr(0, rate);
     optimizer.set_lr(1, rate);
-    const bool commit = !ft || examples::commit_across_groups(*ft, replica_options, comm->rank());
-    if (commit) zero ? zero->step() : optimizer.step();
+    zero ? zero->step() : optimizer.step();
     optimizer.zero_grad();
     if (slow) slow->step();
     if (ft) examples::report_events(*ft, metrics, comm->rank(), quiet);
-    if (!commit) continue;  // discarded by every group: run again in the next quorum
     const double optimizer_seconds = since(optimizer_start);
     const double step_seconds = since(step_start);
     total_seconds += step_seconds;

@@ -58,7 +58,8 @@ ReplicaGroupOptions parse_replica_group_options(Flags& flags) {
 
 std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOptions& options, ParameterRegistry& registry,
                                                            optim::Optimizer* optimizer, comm::Communicator& group,
-                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero) {
+                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero,
+                                                           optim::GradScaler* scaler) {
   dist::FaultToleranceOptions ft;
   ft.coordinator.host = options.host;
   ft.coordinator.port = options.port;
@@ -68,6 +69,7 @@ std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOpt
   ft.coordinator.cross_options.rendezvous_timeout = std::chrono::milliseconds(std::min<std::int64_t>(options.timeout_ms, 5000));
   ft.samples_per_group = samples_per_group;
   ft.zero = zero;
+  ft.grad_scaler = scaler;
   // --ft-die at a recovery's moments: inside the library's transfer, so through its hook.
   const int rank = group.rank();
   ft.on_recovery_moment = [options, rank](const std::string& moment, int, std::int64_t step) {
@@ -118,7 +120,7 @@ ReplicaGroupRun::ReplicaGroupRun(const ReplicaGroupOptions& options, Training& t
                                  dist::ZeroOptimizer* zero)
     : options_(options), training_(training), trainer_(trainer) {
   ft_ = make_fault_tolerance(options, training.registry, training.optimizer.get(), *training.comm,
-                             training.local_batch * training.comm->size(), zero);
+                             training.local_batch * training.comm->size(), zero, training.scaler.get());
 }
 
 bool ReplicaGroupRun::commit() {

@@ -2,7 +2,8 @@
 // replica groups, each started by its own launcher (a torchrun agent per group, or by hand),
 // meeting through a coordinator (build/examples/coordinator). Inside a group the trainer runs as
 // ever (DataParallel, ZeRO 1 or 2); across the groups each step runs in the coordinator's quorum and
-// counts only when it commits. A group that loses a rank ends; its launcher starts it again and
+// counts only when it commits; fp16's unscale and skip and --clip-norm run after the commit, on
+// the cross-group average. A group that loses a rank ends; its launcher starts it again and
 // it recovers the state from a live group, so the job never stops.
 //
 // The data follows the global sample index: the stream is the epochs' seeded permutations one
@@ -47,10 +48,12 @@ extern const char* const kReplicaGroupHelp;
 // The parts every trainer's fault-tolerant loop shares (ReplicaGroupRun below is digits_ddp's
 // whole loop; gpt_ddp calls these in its own):
 // This group's side of the protocol; `samples_per_group`: what one group's step consumes (all
-// its ranks); `zero`: the ZeroOptimizer (stage 1 or 2) sharding `optimizer`, if any.
+// its ranks); `zero`: the ZeroOptimizer (stage 1 or 2) sharding `optimizer`, if any; `scaler`:
+// fp16's loss scaler, if any (a recovery carries its state).
 std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOptions& options, ParameterRegistry& registry,
                                                            optim::Optimizer* optimizer, comm::Communicator& group,
-                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero);
+                                                           std::int64_t samples_per_group, dist::ZeroOptimizer* zero,
+                                                           optim::GradScaler* scaler = nullptr);
 // --ft-die: stops this rank at `phase` when it is the one named and `step` steps have committed.
 void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, int rank, std::int64_t step);
 // The cross-group end of a step, where the optimizer would step: the average across the quorum,

@@ -206,7 +206,8 @@ std::unique_ptr<Training> prepare_training(const TrainerOptions& options, const 
 double Training::loss_scale() const { return scaler ? scaler->scale() : 1.0; }
 
 void Training::finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
-                           const std::function<void()>& step) {
+                           const std::function<void()>& step, const std::function<bool()>& commit) {
+  if (commit && !commit()) return;
   if (scaler) scaler->unscale(*optimizer);  // deferred: clipping sees the unscaled gradients
   last_grad_norm = options.clip_norm > 0 ? clip(options.clip_norm) : std::numeric_limits<double>::quiet_NaN();
   if (scaler) {

@@ -100,8 +100,11 @@ struct Training {
   // The end of every trainer's step, for every precision: the loss scaler's unscale (fp16),
   // clipping (--clip-norm) through `clip(max_norm)`, which returns the total norm, then
   // `step()` (skipped when fp16 gradients overflowed on any rank) and the scaler's update.
+  // `commit` (fault tolerance): first, the cross-group average and the coordinator's decision;
+  // false leaves everything as it was (no unscale, no clip, no step, the scaler unchanged), and
+  // true runs the rest on the average, which every group holds alike.
   void finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
-                   const std::function<void()>& step);
+                   const std::function<void()>& step, const std::function<bool()>& commit = {});
 };
 // `settings`: the trainer's own settings that must agree across ranks (require_same_settings),
 // compared with the common ones before anything else happens; `trainer` names it in errors.

@@ -17,9 +17,11 @@
 #                        again 1 s later on its port: the groups wait for it and go on, and end alike.
 #   min_replicas         --min-replicas 3 and a group that dies for good: the others end within
 #                        the join timeout with the error naming the missing group.
-#   gpt                  gpt_ddp (AdamW) as 3 groups, one stopping in its reduction; the others
-#                        wait for its replacement (--min-replicas 3), which recovers; the groups'
-#                        --save files are byte-identical.
+#   gpt                  gpt_ddp (AdamW, bf16, --clip-norm 1) as 3 groups, one stopping in its
+#                        reduction; the others wait for its replacement (--min-replicas 3), which
+#                        recovers; the groups' --save files are byte-identical.
+# The reduction runs with ZeRO 3 inside the groups, the vote with fp16 and --clip-norm, the gather
+# with ZeRO 2 and --clip-norm: the recoveries go by pieces under ZeRO.
 set -uo pipefail
 case_name=$1
 build=$2
@@ -125,14 +127,18 @@ case $case_name in
     ((${FT_REPEAT:-1} == 1)) || echo "==== round $round of $FT_REPEAT"
     if want reduce; then
       # Its replacement starts 1 s late: the other two train on as a quorum of two meanwhile.
-      restart_delay=1 run_job reduce "" "--ft-die reduce:1.1@30" ""
+      # ZeRO 3 inside the groups: the newcomer's ranks recover by pieces, each from its place.
+      restart_delay=1 run_job reduce "--zero 3" "--zero 3 --ft-die reduce:1.1@30" "--zero 3"
       grep -q "discarded" "$scratch/group0.log" || fail "reduce: group 0 discarded no step"
       grep -q "recovered" "$scratch/group1.log" || fail "reduce: group 1 did not recover"
       python3 "$source/tests/examples/check_samples.py" "$scratch/records.jsonl" | grep -q "with 2 group(s)" ||
         fail "reduce: no step ran with two groups"
     fi
     if want quorum; then
-      run_job quorum "" "" "--ft-die quorum:2.0@30"
+      # fp16 with its loss scaler and clipping, both after the commit on the cross-group average:
+      # the recovery carries the scaler's state (and fp16's f32 master weights).
+      fp16="--precision fp16 --clip-norm 5"
+      run_job quorum "$fp16" "$fp16" "$fp16 --ft-die quorum:2.0@30"
       grep -q "recovered" "$scratch/group2.log" || fail "quorum: group 2 did not recover"
     fi
     # A recovery source dies at each moment of a transfer. Group 2 dies first; when it comes
@@ -159,7 +165,7 @@ case $case_name in
       ! grep -q "did not vote within" "$scratch/coordinator.log" || fail "$moment: the others waited for the newcomer"
     done
     if want gather; then
-      run_job gather "--zero 2" "--zero 2 --ft-die gather:1.1@30" "--zero 2"
+      run_job gather "--zero 2 --clip-norm 5" "--zero 2 --clip-norm 5 --ft-die gather:1.1@30" "--zero 2 --clip-norm 5"
       grep -q "recovered" "$scratch/group1.log" || fail "gather: group 1 did not recover"
     fi
     ((failed == 0)) || break
@@ -231,7 +237,7 @@ case $case_name in
       for attempt in 0 1; do
         TORCHELASTIC_RESTART_COUNT=$attempt MASTER_PORT='' "$source/scripts/launch.sh" 1 "$examples/gpt_ddp" \
           --data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8 \
-          --init "$fixtures/gpt_init.safetensors" --steps 60 --batch 2 --clip-norm 0 --backend gloo \
+          --init "$fixtures/gpt_init.safetensors" --steps 60 --batch 2 --clip-norm 1.0 --precision bf16 --backend gloo \
           --replica-groups 3 --replica-group "$group" --coordinator "127.0.0.1:$port" \
           --save "$scratch/gpt$group.safetensors" "$@" >> "$scratch/group$group.log" 2>&1 && return 0
       done

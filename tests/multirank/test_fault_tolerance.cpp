@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -276,7 +277,7 @@ TEST(FaultTolerance, GroupsThatDisagreeAreRefused) {
     }
   });
   for (const std::string& error : errors) {
-    EXPECT_NE(error.find("says 'samples_per_group=12 parameters=4', group 0 says 'samples_per_group=10 parameters=4'"),
+    EXPECT_NE(error.find("says 'samples_per_group=12 parameters=4 loss_scaler=off zero=0', group 0 says 'samples_per_group=10 parameters=4 loss_scaler=off zero=0'"),
               std::string::npos)
         << error;
   }
@@ -339,7 +340,7 @@ TEST(FaultTolerance, AClaimNoQuorumReachedIsNeverASource) {
       liar.port = coordinator.port();
       liar.token = "test-token";
       liar.group = 2;
-      liar.agreement = "samples_per_group=10 parameters=4";
+      liar.agreement = "samples_per_group=10 parameters=4 loss_scaler=off zero=0";
       comm::QuorumClient client(liar, true);
       told = client.join(999999);
       client.leave("failed");
@@ -419,6 +420,83 @@ TEST(FaultTolerance, EveryGroupLostEndsNamingTheLostStep) {
   std::filesystem::remove(state_file);
 }
 
+// fp16's loss scaler across the groups: it runs after the commit, on the cross-group average. An
+// overflow in one group (group 1's gradient is inf at its third step) makes that average inf in
+// every group, so every group skips the step and halves its scale alike. Group 2 then leaves; its
+// replacement starts with another scale, recovers the others' scaler with their state, and all
+// three end with the same values and the same scale.
+TEST(FaultTolerance, AnOverflowInOneGroupSkipsTheStepInEveryGroupAndTheScaleTravels) {
+  comm::Coordinator coordinator(coordinator_options(3));
+  std::atomic<int> survivors_as_two{0};
+  std::vector<std::vector<double>> finals(3);
+  std::vector<double> scales(3);
+  std::vector<std::vector<bool>> stepped(3);  // each group's first four steps: stepped or skipped
+  // One step of a group whose backward scales the loss: grad x scale, the cross-group average,
+  // then (committed) the scaler's unscale, inf check, step and update.
+  const auto scaled_step = [](Group& group, optim::GradScaler& scaler, float grad) {
+    group.ran_with = group.ft->start_step().members.size();
+    group.registry.at("w").set_grad(
+        Tensor::from_vector(std::vector<float>(4, grad * static_cast<float>(scaler.scale())), {4}));
+    group.ft->average_gradients();
+    group.committed = group.ft->should_commit();
+    bool took = false;
+    if (group.committed) {
+      took = scaler.step(*group.optimizer);
+      scaler.update();
+    }
+    group.registry.zero_grad();
+    return took;
+  };
+  const auto scaled_options = [&](int g, optim::GradScaler& scaler) {
+    dist::FaultToleranceOptions options = options_for(coordinator.port(), g);
+    options.grad_scaler = &scaler;
+    return options;
+  };
+  run_groups(3, [&](int g) {
+    const auto index = static_cast<std::size_t>(g);
+    optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024, .growth_interval = 100});
+    if (g == 2) {
+      {
+        Group first(1.0f, scaled_options(g, scaler));
+        while (first.ft->step() < 4) {
+          const bool took = scaled_step(first, scaler, 3.0f);
+          if (first.committed) stepped[index].push_back(took);
+        }
+      }
+      while (survivors_as_two < 2) std::this_thread::sleep_for(Ms(5));
+      optim::GradScaler fresh(optim::GradScalerOptions{.init_scale = 65536, .growth_interval = 100});
+      Group replacement(-7.0f, scaled_options(g, fresh));
+      while (!replacement.finished(3, 10)) scaled_step(replacement, fresh, 3.0f);
+      finals[index] = replacement.values();
+      scales[index] = fresh.scale();
+      return;
+    }
+    Group group(1.0f, scaled_options(g, scaler));
+    bool as_two = false;
+    while (!group.finished(3, 10)) {
+      const bool overflow = g == 1 && group.ft->step() == 2;
+      const bool took = scaled_step(group, scaler, overflow ? std::numeric_limits<float>::infinity() : g + 1.0f);
+      if (group.committed && stepped[index].size() < 4) stepped[index].push_back(took);
+      if (!as_two && group.committed && group.ran_with == 2) {
+        as_two = true;
+        ++survivors_as_two;
+      }
+      if (as_two && group.ran_with == 2) std::this_thread::sleep_for(Ms(20));
+    }
+    finals[index] = group.values();
+    scales[index] = scaler.scale();
+  });
+  for (std::size_t g = 0; g < 3; ++g) {
+    EXPECT_EQ(stepped[g], (std::vector<bool>{true, true, false, true})) << "group " << g << " (its first four steps)";
+  }
+  EXPECT_EQ(scales[0], 512.0);  // halved once, by the one overflow, and carried to the replacement
+  EXPECT_EQ(scales[1], 512.0);
+  EXPECT_EQ(scales[2], 512.0);
+  EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_EQ(finals[0], finals[2]);
+  EXPECT_GE(coordinator.counters().recoveries, 1);
+}
+
 // A newcomer started with another batch is refused alone: the two groups training go on without
 // a discarded step, and the newcomer's error names both settings.
 TEST(FaultTolerance, ANewcomerThatDisagreesIsRefusedAlone) {
@@ -449,9 +527,9 @@ TEST(FaultTolerance, ANewcomerThatDisagreesIsRefusedAlone) {
       if (!refused) std::this_thread::sleep_for(Ms(10));
     }
   });
-  EXPECT_NE(refusal.find("replica group 2 says 'samples_per_group=12 parameters=4', the job's groups 0,1 say "
-                         "'samples_per_group=10 parameters=4' (the groups of one job must agree): this group is "
-                         "refused, the others go on"),
+  EXPECT_NE(refusal.find("replica group 2 says 'samples_per_group=12 parameters=4 loss_scaler=off zero=0', the job's groups "
+                         "0,1 say 'samples_per_group=10 parameters=4 loss_scaler=off zero=0' (the groups of one job must agree): "
+                         "this group is refused, the others go on"),
             std::string::npos)
       << refusal;
   EXPECT_EQ(coordinator.counters().discards, 0);

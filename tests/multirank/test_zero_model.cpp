@@ -278,6 +278,89 @@ TEST(ZeroModel, DamagedOrInconsistentFilesAreErrorsEverywhereAndNothingChanges) 
   });
 }
 
+// A peer's pieces (fault tolerance's recovery by pieces): each rank takes its own pieces of model
+// A, the model becomes B, and adopting the pieces brings A back on every rank, at stage 1 (the
+// values gathered after) and 3. Pieces that do not fit this rank's layout are refused on every
+// rank, naming what is wrong, with nothing changed: other ranges, another stage, a tensor of
+// another size, a missing or a foreign tensor, a frozen parameter missing, each on rank 0 only.
+TEST(ZeroModel, APeersPiecesAreAdoptedWholeOrNotAtAll) {
+  for (const int stage : {1, 3}) {
+    comm::run_gloo_thread_group(2, [&](Communicator& comm) {
+      Sharded run(comm, stage);
+      run.zero.initialize(rule_of, kSeed);
+      const std::uint64_t model_a = run.zero.model_checksum();
+      const dist::ZeroOptimizer::State pieces = run.zero.own_pieces();
+      std::int64_t bytes = 0;
+      for (const io::NamedTensor& t : pieces.tensors) bytes += static_cast<std::int64_t>(t.tensor.nbytes());
+      EXPECT_LT(bytes, run.model.registry.total_numel() * 4 * 3 / 4) << "rank " << comm.rank() << ": about half, not all";
+      run.zero.initialize([](const Parameter&) { return init::constant(0.5); }, 1);
+      const std::uint64_t model_b = run.zero.model_checksum();
+      ASSERT_NE(model_a, model_b);
+      const auto values_of = [](dist::ZeroOptimizer::State& p) -> io::NamedTensor& {
+        for (io::NamedTensor& t : p.tensors) {
+          if (t.name == "zero.values.0") return t;
+        }
+        throw Error("no zero.values.0 among the pieces");
+      };
+      const auto damaged = [&](const std::function<void(dist::ZeroOptimizer::State&)>& damage) {
+        dist::ZeroOptimizer::State copy = pieces;
+        if (comm.rank() == 0) damage(copy);
+        return copy;
+      };
+      const auto unchanged = [&](const std::string& what) {
+        EXPECT_EQ(run.zero.model_checksum(), model_b) << "stage " << stage << ", " << what << ": rank " << comm.rank()
+                                                      << "'s values changed";
+      };
+      const std::string origin = "group 0's pieces";
+      EXPECT_GRADSYNC_ERROR(run.zero.adopt_pieces(damaged([](auto& p) { p.metadata["zero.ranges"] = "[[0,0,1]]"; }), origin),
+                            "group 0's pieces", "other element ranges");
+      unchanged("other ranges");
+      EXPECT_GRADSYNC_ERROR(run.zero.adopt_pieces(damaged([](auto& p) { p.metadata["zero.stage"] = "2"; }), origin),
+                            "pieces of ZeRO stage 2");
+      unchanged("another stage");
+      EXPECT_GRADSYNC_ERROR(
+          run.zero.adopt_pieces(damaged([&](auto& p) { values_of(p).tensor = Tensor::zeros({3}, DType::f32); }), origin),
+          "zero.values.0", "[3]");
+      unchanged("a tensor of another size");
+      EXPECT_GRADSYNC_ERROR(run.zero.adopt_pieces(damaged([&](auto& p) { values_of(p).name = "zero.shard.0.7"; }), origin),
+                            "'zero.shard.0.7' is not a state buffer");
+      unchanged("a foreign name");
+      EXPECT_GRADSYNC_ERROR(run.zero.adopt_pieces(damaged([&](auto& p) {
+                                                    p.tensors.erase(p.tensors.begin() + (&values_of(p) - p.tensors.data()));
+                                                  }),
+                                                  origin),
+                            "no 'zero.values.0'");
+      unchanged("a missing tensor");
+      EXPECT_GRADSYNC_ERROR(
+          run.zero.adopt_pieces(damaged([](auto& p) { p.tensors.push_back({"zero.values.99", Tensor::zeros({1}, DType::f32)}); }),
+                                origin),
+          "'zero.values.99' is not a state buffer or the values of this rank's ranges");
+      unchanged("a foreign tensor");
+      EXPECT_GRADSYNC_ERROR(run.zero.adopt_pieces(damaged([](auto& p) {
+                                                    std::erase_if(p.tensors, [](const io::NamedTensor& t) {
+                                                      return t.name == "zero.frozen.blocks.1.rotary";
+                                                    });
+                                                  }),
+                                                  origin),
+                            "no 'zero.frozen.blocks.1.rotary' (a frozen parameter's values)");
+      unchanged("a frozen parameter missing");
+      run.zero.adopt_pieces(pieces, origin);
+      EXPECT_EQ(run.zero.model_checksum(), model_a) << "stage " << stage << ", rank " << comm.rank();
+      if (stage == 1) {  // the values whole again on every rank: rank 0's equal rank 1's
+        std::vector<double> mine;
+        for (Parameter& p : run.model.registry) {
+          for (const double v : p.value().to_double_vector()) mine.push_back(v);
+        }
+        Tensor high = Tensor::from_vector(mine, {static_cast<std::int64_t>(mine.size())});
+        Tensor low = high.clone();
+        comm.allreduce_host(high, comm::ReduceOp::max);
+        comm.allreduce_host(low, comm::ReduceOp::min);
+        EXPECT_EQ(high.to_double_vector(), low.to_double_vector());
+      }
+    });
+  }
+}
+
 // A save that fails leaves the previous file as it was and no temporary behind; ranks that would
 // write different headers are refused before anything is written.
 TEST(ZeroModel, AFailedSaveLeavesThePreviousFile) {

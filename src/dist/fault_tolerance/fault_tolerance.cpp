@@ -51,7 +51,9 @@ FaultTolerance::FaultTolerance(ParameterRegistry& registry, optim::Optimizer* op
   // The data position only adds up when every group's step consumes as much, and a recovery
   // only fits a model of the same size: the coordinator refuses a quorum that differs.
   options_.coordinator.agreement = "samples_per_group=" + std::to_string(options_.samples_per_group) +
-                                   " parameters=" + std::to_string(registry.total_numel());
+                                   " parameters=" + std::to_string(registry.total_numel()) +
+                                   " loss_scaler=" + (options_.grad_scaler != nullptr ? "on" : "off") +
+                                   " zero=" + std::to_string(options_.zero != nullptr ? options_.zero->stage() : 0);
   client_ = std::make_unique<comm::QuorumClient>(options_.coordinator, group.rank() == 0);
   // Every rank beats under its leader's incarnation: a rank stopped while its leader runs is
   // then lost in a heartbeat, not at the cross-group timeout.
@@ -137,36 +139,51 @@ const comm::Quorum& FaultTolerance::start_step() {
   return quorum_;
 }
 
-// The state a recovery carries: the step and the data position, the values (every arena), the
-// optimizer's state as its checkpoint tensors (a ZeroOptimizer's consolidated state: gathered
-// inside the group, collective), and the XXH64 of all of it.
+// The state a recovery carries: the step and the data position, the optimizer's state as its
+// checkpoint tensors, the loss scaler's, and the values: every arena whole, or under ZeRO this
+// rank's pieces of the optimizer state and of the values only (the model's checksum, whatever the
+// cut, is collective inside the group). The XXH64 covers what this rank sends.
 FaultTolerance::Snapshot FaultTolerance::snapshot() {
   Snapshot snapshot;
   if (options_.zero != nullptr) {
-    dist::ZeroOptimizer::State state = options_.zero->consolidated_state();
-    snapshot.tensors = std::move(state.tensors);
-    snapshot.metadata = std::move(state.metadata);
+    dist::ZeroOptimizer::State pieces = options_.zero->own_pieces();
+    snapshot.tensors = std::move(pieces.tensors);
+    snapshot.metadata = std::move(pieces.metadata);
+    snapshot.model = options_.zero->model_checksum();
   } else if (optimizer_ != nullptr) {
     snapshot.tensors = optimizer_->state_tensors();
     snapshot.metadata = optimizer_->state_metadata();
   }
   io::Xxh64 digest(static_cast<std::uint64_t>(step_) * 1000003u + static_cast<std::uint64_t>(position_));
-  for (const Arena& arena : registry_.arenas()) digest_tensor(digest, arena.values);
+  if (options_.grad_scaler != nullptr) {  // its entries ride with the optimizer's ("grad_scaler.*")
+    for (const auto& [key, value] : options_.grad_scaler->state_metadata()) {
+      snapshot.metadata[key] = value;
+      digest.update(key.data(), key.size());
+      digest.update(value.data(), value.size());
+    }
+  }
+  if (options_.zero == nullptr) {
+    for (const Arena& arena : registry_.arenas()) {
+      digest_tensor(digest, arena.values);
+      snapshot.bytes += static_cast<std::int64_t>(arena.values.nbytes());
+    }
+  }
   for (const io::NamedTensor& tensor : snapshot.tensors) {
     digest.update(tensor.name.data(), tensor.name.size());
     digest_tensor(digest, tensor.tensor);
+    snapshot.bytes += static_cast<std::int64_t>(tensor.tensor.nbytes());
   }
   snapshot.digest = digest.digest();
   return snapshot;
 }
 
 void FaultTolerance::send_state(comm::Communicator& pair, Snapshot& snapshot, int newcomer) {
-  char header[96];
-  std::snprintf(header, sizeof header, "%lld %lld %016" PRIx64, static_cast<long long>(step_),
-                static_cast<long long>(position_), snapshot.digest);
+  char header[128];
+  std::snprintf(header, sizeof header, "%lld %lld %016" PRIx64 " %016" PRIx64, static_cast<long long>(step_),
+                static_cast<long long>(position_), snapshot.digest, snapshot.model);
   broadcast_bytes(pair, header, 0);
   recovery_moment("started", newcomer);
-  broadcast_parameters(registry_, pair, 0);
+  if (options_.zero == nullptr) broadcast_parameters(registry_, pair, 0);  // under ZeRO the values are in the pieces
   recovery_moment("halfway", newcomer);
   broadcast_state(pair, snapshot.tensors, snapshot.metadata, 0);
   recovery_moment("sent", newcomer);
@@ -180,11 +197,12 @@ FaultTolerance::Received FaultTolerance::receive_state(comm::Communicator& pair,
   Received received;
   const std::string header = broadcast_bytes(pair, std::string(), 0);
   long long step = 0, position = 0;
-  GRADSYNC_CHECK(std::sscanf(header.c_str(), "%lld %lld %" SCNx64, &step, &position, &received.digest) == 3,
+  GRADSYNC_CHECK(std::sscanf(header.c_str(), "%lld %lld %" SCNx64 " %" SCNx64, &step, &position, &received.digest,
+                             &received.model) == 4,
                  "replica group ", group(), ": a malformed recovery header from group ", source, ": '", header, "'");
   received.step = step;
   received.position = position;
-  broadcast_parameters(registry_, pair, 0);
+  if (options_.zero == nullptr) broadcast_parameters(registry_, pair, 0);
   broadcast_state(pair, received.tensors, received.metadata, 0);
   return received;
 }
@@ -206,7 +224,9 @@ void FaultTolerance::recover() {
         recovery_moment("named", healer);
         auto pair = client_->connect(quorum_.id, "recover-" + std::to_string(healer), place, 0, 2);
         send_state(*pair, state, healer);
-        event("sent", seconds_since(started), "state to group " + std::to_string(healer));
+        event("sent", seconds_since(started),
+              "state to group " + std::to_string(healer) + " (" + std::to_string(state.bytes) + " bytes from this rank" +
+                  (options_.zero != nullptr ? ": its pieces)" : ")"));
       } catch (const std::exception& error) {
         step_ok_ = false;
         event("failed", seconds_since(started), "sending the state to group " + std::to_string(healer) + ": " + error.what());
@@ -230,20 +250,38 @@ void FaultTolerance::recover() {
   const std::int64_t old_step = step_, old_position = position_;
   if (group_agrees(why.empty())) {
     try {
-      if (optimizer_ != nullptr) {
+      io::Metadata scaler_state;  // the loss scaler's entries, apart from the optimizer's
+      for (auto entry = received.metadata.begin(); entry != received.metadata.end();) {
+        if (entry->first.rfind("grad_scaler.", 0) != 0) {
+          ++entry;
+          continue;
+        }
+        scaler_state.insert(*entry);
+        entry = received.metadata.erase(entry);
+      }
+      if (options_.zero != nullptr) {  // collective: every rank checks, then adopts, then gathers
+        options_.zero->adopt_pieces({std::move(received.tensors), std::move(received.metadata)},
+                                    "the pieces received from " + from);
+      } else if (optimizer_ != nullptr) {
         optimizer_->load_state(received.tensors, received.metadata, "the optimizer state received from " + from);
       }
+      if (options_.grad_scaler != nullptr) options_.grad_scaler->load_state(scaler_state);
       step_ = received.step;
       position_ = received.position;
     } catch (const std::exception& error) {
       why = error.what();
     }
-    // Every rank of the group checks (the consolidated state is gathered inside the group).
-    const std::uint64_t got = snapshot().digest;
-    if (why.empty() && got != received.digest) {
+    // Every rank of the group checks (under ZeRO the model's checksum is collective).
+    const Snapshot got = snapshot();
+    if (why.empty() && got.digest != received.digest) {
       char digits[64];
-      std::snprintf(digits, sizeof digits, "%016" PRIx64 ", sent %016" PRIx64, got, received.digest);
+      std::snprintf(digits, sizeof digits, "%016" PRIx64 ", sent %016" PRIx64, got.digest, received.digest);
       why = std::string("the state received does not match its checksum (XXH64 ") + digits + ")";
+    }
+    if (why.empty() && got.model != received.model) {
+      char digits[64];
+      std::snprintf(digits, sizeof digits, "%016" PRIx64 ", the source's %016" PRIx64, got.model, received.model);
+      why = std::string("the model put together from the pieces is not the source's (checksum ") + digits + ")";
     }
     if (group_agrees(why.empty())) {
       failed_recoveries_ = 0;

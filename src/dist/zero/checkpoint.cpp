@@ -14,6 +14,7 @@
 #include "gradsync/dist/replicas/replicas.h"
 #include "gradsync/io/checksum.h"
 #include "gradsync/io/safetensors.h"
+#include "pieces.h"
 #include "set.h"
 
 namespace gradsync::dist {
@@ -45,105 +46,6 @@ std::int64_t create_set_folder(const std::filesystem::path& folder) {
   }
   while (!std::filesystem::create_directory(folder / set_name(next))) ++next;  // taken meanwhile: the next one
   return next;
-}
-
-// The state load_state takes from the verified pieces: per parameter touching this rank's
-// ranges, a full-shape tensor with the pieces' elements filled in (Optimizer::load_state keeps
-// only the owned elements), and the presence of the others' state as metadata.
-void assemble(const optim::Optimizer& optimizer, const ShardLayout& layout, const std::vector<zero_set::Piece>& pieces,
-              std::vector<io::NamedTensor>& tensors, io::Metadata& metadata) {
-  const io::Metadata& first = pieces.front().file->metadata();
-  for (const char* key : {"optimizer.type", "optimizer.groups", "optimizer.steps"}) metadata[key] = first.at(key);
-  const json present = json::parse(first.at("zero.present"), nullptr, /*allow_exceptions=*/false);
-  GRADSYNC_CHECK(present.is_object(), pieces.front().file->path().string(), ": 'zero.present' is not a JSON object");
-  const auto& names = optimizer.state_buffer_names();
-  std::map<std::pair<std::size_t, std::size_t>, std::map<std::size_t, Tensor>> buffers;  // (piece, arena) -> buffer -> data
-  json elsewhere = json::object();
-  for (const Parameter& parameter : optimizer.registry()) {
-    if (!parameter.requires_grad() || !present.contains(parameter.name())) continue;
-    const json& bits_value = present[parameter.name()];
-    GRADSYNC_CHECK(bits_value.is_number_unsigned() && bits_value.get<std::uint64_t>() < (std::uint64_t{1} << names.size()),
-                   pieces.front().file->path().string(), ": 'zero.present' of '", parameter.name(),
-                   "' is not a set of ", names.size(), " buffers");
-    const auto bits = bits_value.get<std::uint32_t>();
-    const auto p_begin = static_cast<std::int64_t>(parameter.arena_offset());
-    const std::int64_t p_end = p_begin + parameter.numel();
-    bool mine = false;
-    for (const auto& range : layout.ranges.at(parameter.arena_index())) mine = mine || (range.begin < p_end && p_begin < range.end);
-    if (!mine) {
-      elsewhere[parameter.name()] = bits;
-      continue;
-    }
-    const DType dtype = optimizer.state_dtype(parameter.arena_index());
-    for (std::size_t b = 0; b < names.size(); ++b) {
-      if (!(bits & (1u << b))) continue;
-      Tensor whole = Tensor::zeros({parameter.numel()}, dtype);
-      for (std::size_t k = 0; k < pieces.size(); ++k) {
-        for (const zero_set::PieceRange& piece : pieces[k].ranges) {
-          if (piece.arena != parameter.arena_index()) continue;
-          const std::int64_t lo = std::max(piece.begin, p_begin), hi = std::min(piece.end, p_end);
-          if (lo >= hi) continue;
-          Tensor& data = buffers[{k, piece.arena}][b];
-          if (!data.defined()) data = pieces[k].file->read(zero_set::shard_key(piece.arena, b));
-          Tensor target = whole.view(static_cast<std::size_t>(lo - p_begin), {hi - lo});
-          target.copy_from(data.view(static_cast<std::size_t>(piece.packed + (lo - piece.begin)), {hi - lo}));
-        }
-      }
-      tensors.push_back({"optimizer.state." + parameter.name() + "." + names[b], whole.view(0, parameter.shape())});
-    }
-  }
-  metadata["optimizer.present_elsewhere"] = elsewhere.dump();
-}
-
-// This rank's pieces of an arena's values, packed in the order of its ranges (as shard_state
-// packs the optimizer's buffers).
-Tensor owned_values(const optim::Optimizer& optimizer, const ShardLayout& layout, std::size_t arena) {
-  const Arena& source = optimizer.registry().arenas()[arena];
-  std::int64_t count = 0;
-  for (const auto& range : layout.ranges[arena]) count += range.end - range.begin;
-  Tensor packed = Tensor::empty({count}, source.dtype);
-  std::int64_t at = 0;
-  for (const auto& range : layout.ranges[arena]) {
-    packed.view(static_cast<std::size_t>(at), {range.end - range.begin})
-        .copy_from(source.values.view(static_cast<std::size_t>(range.begin), {range.end - range.begin}));
-    at += range.end - range.begin;
-  }
-  return packed;
-}
-
-// The values a stage-3 set holds, read for the arenas: at stage 3 this rank's ranges, below it
-// every range of the set (the values are whole there). Read before anything is loaded (a read
-// that fails leaves the model as it was); copied in by apply_values once the state is in.
-struct ValuesRun {
-  std::size_t arena;
-  std::int64_t begin;
-  Tensor data;
-};
-std::vector<ValuesRun> read_values(const ShardLayout& layout, const std::vector<zero_set::Piece>& pieces) {
-  std::vector<ValuesRun> runs;
-  for (const zero_set::Piece& piece : pieces) {
-    std::map<std::size_t, Tensor> saved;  // arena -> the piece's packed values, read once
-    for (const zero_set::PieceRange& range : piece.ranges) {
-      const auto take = [&](std::int64_t lo, std::int64_t hi) {
-        if (lo >= hi) return;
-        Tensor& data = saved[range.arena];
-        if (!data.defined()) data = piece.file->read(zero_set::values_key(range.arena));
-        runs.push_back({range.arena, lo, data.view(static_cast<std::size_t>(range.packed + (lo - range.begin)), {hi - lo})});
-      };
-      if (layout.stage < 3) {
-        take(range.begin, range.end);
-        continue;
-      }
-      for (const auto& mine : layout.ranges[range.arena]) take(std::max(range.begin, mine.begin), std::min(range.end, mine.end));
-    }
-  }
-  return runs;
-}
-
-void apply_values(optim::Optimizer& optimizer, const std::vector<ValuesRun>& runs) {
-  for (const ValuesRun& run : runs) {
-    optimizer.registry().arenas()[run.arena].values.view(static_cast<std::size_t>(run.begin), {run.data.numel()}).copy_from(run.data);
-  }
 }
 
 }  // namespace
@@ -258,17 +160,9 @@ void save_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
         // Stage 3: no rank holds the values whole, so the set holds each rank's pieces of them.
         if (layout.stage == 3 && !layout.ranges[a].empty()) tensors.push_back({zero_set::values_key(a), owned_values(optimizer, layout, a)});
       }
-      json present = json::object();
-      for (const Parameter& parameter : optimizer.registry()) {
-        if (!parameter.requires_grad()) continue;
-        try {
-          if (const std::uint32_t bits = optimizer.state_presence(parameter)) present[parameter.name()] = bits;
-        } catch (const Error&) {  // not optimized by this optimizer
-        }
-      }
       io::Metadata metadata = optimizer.state_metadata();
       zero_set::describe_piece(metadata, manifest.id, comm.rank(), comm.size(), layout.stage, layout.ranges,
-                               present.dump());
+                               presence_of(optimizer));
       const std::filesystem::path path = set_folder / zero_set::piece_file(comm.rank());
       io::save_safetensors(path, tensors, metadata);
       const io::FileChecksum checksum = io::checksum_file(path);  // what is on disk, read back
@@ -384,10 +278,11 @@ void load_sharded(optim::Optimizer& optimizer, comm::Communicator& comm, const S
   std::vector<ValuesRun> values;
   const std::string origin = "the sharded checkpoint " + (folder / manifest.set).string();
   comm::agree(comm, what, [&] {
-    assemble(optimizer, layout, pieces, tensors, metadata);
+    const std::vector<PieceView> views = views_of(pieces);
+    assemble(optimizer, layout, views, tensors, metadata);
     optimizer.check_state(tensors, metadata, origin);
     // Sets of stages 1 and 2 hold no values: the model comes from its own file, loaded before.
-    if (manifest.stage == 3) values = read_values(layout, pieces);
+    if (manifest.stage == 3) values = read_values(layout, views);
   });
   optimizer.load_state(tensors, metadata, origin);
   apply_values(optimizer, values);

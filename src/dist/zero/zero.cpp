@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "join.h"
 #include "model.h"
+#include "pieces.h"
 #include "shards.h"
 #include "units.h"
 
@@ -212,6 +213,24 @@ void ZeroOptimizer::load_sharded(const std::filesystem::path& folder, bool resha
   // would be stale after them.
   if (impl_->units) impl_->units->release_all();
   dist::load_sharded(impl_->optimizer, impl_->comm, impl_->shards.layout(), folder, reshard);
+}
+
+ZeroOptimizer::State ZeroOptimizer::own_pieces() {
+  impl_->shards.wait_all();
+  return dist::own_pieces(impl_->optimizer, impl_->shards.layout());
+}
+
+void ZeroOptimizer::adopt_pieces(const State& pieces, const std::string& origin) {
+  impl_->shards.wait_all();
+  if (impl_->units) impl_->units->release_all();  // a gathered unit's other pieces would be stale
+  // Every rank's pieces checked before any rank changes anything.
+  CheckedPieces checked;
+  comm::agree(impl_->comm, "ZeroOptimizer::adopt_pieces from " + origin,
+              [&] { checked = check_pieces(impl_->optimizer, impl_->shards.layout(), pieces, origin); });
+  dist::adopt_pieces(impl_->optimizer, checked, origin);
+  if (impl_->units) return;
+  impl_->shards.launch_all();  // the values whole again: every rank's new pieces gathered
+  impl_->shards.wait_all();
 }
 
 void ZeroOptimizer::load_state(const std::filesystem::path& path) {

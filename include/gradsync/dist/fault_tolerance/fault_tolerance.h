@@ -15,6 +15,12 @@
 //     registry.zero_grad();
 //   }
 //
+// Clipping and loss scaling go after the commit, between should_commit() and the step: they
+// then see the cross-group average, which is the same bits in every group, so the norm and the
+// skip decision are the same everywhere, and a step the coordinator discards changed neither
+// the gradients' clip nor the scaler's state:
+//     if (ft.should_commit()) { scaler.unscale(opt); clip_grad_norm(opt, 1.0); scaler.step(opt); scaler.update(); }
+//
 // What it guarantees (docs/fault_tolerance.md has the protocol):
 //  * a step whose cross-group reduction failed on any group is discarded by every group of the
 //    quorum (no group steps on a partial average), and the survivors go on in a new quorum with
@@ -25,13 +31,13 @@
 //    the stream is trained on exactly once by a committed step whatever dies;
 //  * a group behind the quorum (a replacement started by its launcher, or one that missed a
 //    commit) receives the values, the optimizer state, the step and the data position from a
-//    member that is up to date, rank by rank (place p from place p), checksummed (XXH64) and
-//    verified before it is adopted; a transfer that fails leaves the sender as it was and the
+//    member that is up to date, rank by rank (place p from place p; under ZeRO only place p's
+//    pieces), checksummed (XXH64) and verified before it is adopted; a transfer that fails leaves the sender as it was and the
 //    receiver behind, to try again at the next quorum.
 // What it does not: make a run with failures bit for bit equal to one without (the steps after a
 // failure average fewer groups, over smaller global batches); survive a failure inside a group
 // (that group's ranks end, and its launcher restarts them as a newcomer); carry state it does not
-// know (an LR schedule's, a loss scaler's: derive them from step()).
+// know (an LR schedule's: derive it from step(); a loss scaler's travels when it is given).
 #pragma once
 
 #include <chrono>
@@ -43,6 +49,7 @@
 
 #include "gradsync/comm/communicator.h"
 #include "gradsync/comm/quorum/coordinator.h"
+#include "gradsync/optim/grad_scaler.h"
 #include "gradsync/optim/optimizer.h"
 #include "gradsync/registry/parameter_registry.h"
 
@@ -60,10 +67,19 @@ struct FaultToleranceOptions {
   // Gloo. "mpi" is refused: MPI cannot go on without a dead rank. Inside a group any backend.
   std::string cross_backend = "gloo";
   int cross_device = -1;  // "nccl": the GPU of its communicator (-1: the local rank's)
-  // The ZeroOptimizer (stage 1 or 2) that shards `optimizer` inside the group, if any: a recovery
-  // then carries its consolidated state (gathered inside the source group, each newcomer rank
-  // keeping its pieces).
+  // The ZeroOptimizer (stage 1, 2 or 3) that shards `optimizer` inside the group, if any: a
+  // recovery then goes by pieces. The rank at place p of the source sends only its own pieces
+  // (the optimizer state of its ranges, with the master weights, and its pieces of the values:
+  // about 1/S of the group's state), never the consolidated state; the newcomer's rank at place
+  // p checks them against its layout, adopts them, and the group gathers its values (below stage
+  // 3). Each rank's pieces are checked by XXH64, and the whole model by a checksum that does not
+  // depend on the cut (ZeroOptimizer::model_checksum), before the group counts as recovered.
   ZeroOptimizer* zero = nullptr;
+  // The loss scaler of an fp16 run, if any: a recovery carries its scale and growth tracker (a
+  // newcomer with its initial scale would skip steps the others take). Its skip decision is the
+  // same in every group when it runs after the commit, on the cross-group average (the order of
+  // a step above and in docs/fault_tolerance.md).
+  optim::GradScaler* grad_scaler = nullptr;
   // Called on a recovery source (at its committed `step`) at each moment of a transfer to group
   // `newcomer`: "named" (the
   // coordinator named it; nothing sent yet), "started" (the header sent), "halfway" (the values
@@ -125,13 +141,16 @@ class FaultTolerance {
   struct Snapshot {  // what a source sends
     std::vector<io::NamedTensor> tensors;
     io::Metadata metadata;
-    std::uint64_t digest = 0;
+    std::uint64_t digest = 0;  // XXH64 of what this rank sends
+    std::uint64_t model = 0;   // under ZeRO: the whole model's checksum, whatever the cut
+    std::int64_t bytes = 0;    // what this rank sends
   };
   struct Received {  // what a newcomer received, before it adopts it
     std::int64_t step = 0, position = 0;
     std::vector<io::NamedTensor> tensors;
     io::Metadata metadata;
     std::uint64_t digest = 0;
+    std::uint64_t model = 0;
   };
   Snapshot snapshot();
   void send_state(comm::Communicator& pair, Snapshot& snapshot, int newcomer);

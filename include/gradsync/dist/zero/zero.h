@@ -157,6 +157,18 @@ class ZeroOptimizer : public Joinable {
   // rank reads the same file.
   void load_state(const std::filesystem::path& path);
 
+  // --- A peer's pieces (fault tolerance's recovery by pieces, dist/fault_tolerance.h). The
+  // rank at place p of a live replica sends its own pieces to the rank at place p of a newcomer
+  // with the same layout: the packed optimizer state of its ranges and its pieces of the values,
+  // about 1/S of the state of S ranks, never the consolidated state. own_pieces() is this rank's
+  // (not collective). adopt_pieces() checks a peer's against this rank's layout (the same stage
+  // and ranges, every tensor of its size and dtype, the optimizer's check_state) on every rank
+  // first, so that a bad piece anywhere is an error everywhere and changes nothing; then loads
+  // the state and the values, and below stage 3 gathers every bucket's values inside the group
+  // (stage 3 releases its units: the next gather brings the new values). Collective.
+  State own_pieces();
+  void adopt_pieces(const State& pieces, const std::string& origin);  // (above)
+
   // Sharded checkpoints, for states no rank should hold whole: in `folder`, every rank writes
   // its pieces (at stage 3 its pieces of the values too) to set-<id>/rank<R>.safetensors, and
   // once all are written rank 0 points folder/manifest.json at the new set (an atomic rename)
