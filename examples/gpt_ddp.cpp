@@ -114,10 +114,10 @@ int main(int argc, char** argv) try {
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
-  GRADSYNC_CHECK(!replica_options.enabled() || (shard_group < 0 && powersgd_rank == 0 &&
+  GRADSYNC_CHECK(!replica_options.enabled() || (powersgd_rank == 0 &&
                                                 !slow_options.enabled() && !uneven && time_budget == 0 &&
                                                 restarts.checkpoint_every == 0 && resume_flag.empty()),
-                 "--replica-groups runs without --shard-group, --powersgd-rank, ",
+                 "--replica-groups runs without --powersgd-rank, ",
                  "--local-sgd / --diloco, --uneven, --time-budget and checkpoints (a replacement recovers from a live group)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.

@@ -20,6 +20,9 @@
 #   gpt                  gpt_ddp (AdamW, bf16, --clip-norm 1) as 3 groups, one stopping in its
 #                        reduction; the others wait for its replacement (--min-replicas 3), which
 #                        recovers; the groups' --save files are byte-identical.
+#   hsdp                 FT-HSDP (3 groups x 2 ranks, ZeRO 3 inside, gpt_ddp) against HSDP over 6
+#                        ranks with shard groups of 2: within 1e-6, weights and AdamW's state;
+#                        then HSDP inside 2 groups of 4 ranks, one rank dying, recovered by pieces.
 # The reduction runs with ZeRO 3 inside the groups, the vote with fp16 and --clip-norm, the gather
 # with ZeRO 2 and --clip-norm: the recoveries go by pieces under ZeRO.
 set -uo pipefail
@@ -255,6 +258,59 @@ case $case_name in
     grep -q "recovered" "$scratch/group1.log" || fail "gpt: group 1 did not recover"
     cmp "$scratch/gpt0.safetensors" "$scratch/gpt1.safetensors" && cmp "$scratch/gpt0.safetensors" "$scratch/gpt2.safetensors" &&
       echo "   the three groups saved the same bytes" || fail "gpt: the groups ended apart"
+    ;;
+  hsdp)
+    # FT-HSDP against HSDP: gpt_ddp as 3 groups of 2 ranks, ZeRO 3 inside each, --clip-norm 1,
+    # no failure, against one world of 6 ranks with shard groups of 2 (the same ranks see the same
+    # sequences: group g's rank r is rank 2g + r). Within 1e-6, not bitwise: HSDP sums the pieces
+    # across the shard groups and divides once by 6 (the Reducer's scale); fault tolerance averages
+    # inside the group, then over the quorum's groups (whose number only the step knows), in one
+    # coalesced allreduce whose ring cuts the pieces elsewhere than the Reducer's per-bucket ones.
+    fixtures=$source/tests/fixtures
+    tiny=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8
+      --init "$fixtures/gpt_init.safetensors" --batch 2 --clip-norm 1.0 --backend gloo)
+    model=("${tiny[@]}" --steps 30 --zero 3)
+    MASTER_PORT='' "$source/scripts/launch.sh" 6 "$examples/gpt_ddp" "${model[@]}" --shard-group 2 \
+      --save "$scratch/hsdp.safetensors" > "$scratch/hsdp.log" 2>&1 || { fail "hsdp: the HSDP run failed"; tail "$scratch/hsdp.log"; }
+    port=$(free_port)
+    start_coordinator "$port" 3 20000
+    for g in 0 1 2; do
+      MASTER_PORT='' "$source/scripts/launch.sh" 2 "$examples/gpt_ddp" "${model[@]}" --replica-groups 3 --replica-group $g \
+        --coordinator "127.0.0.1:$port" --save "$scratch/ft$g.safetensors" > "$scratch/group$g.log" 2>&1 &
+      agents[g]=$!
+    done
+    for g in 0 1 2; do wait "${agents[g]}" || { fail "hsdp: group $g failed"; tail "$scratch/group$g.log"; }; done
+    kill -TERM "$coordinator" 2>/dev/null
+    cmp "$scratch/ft0.safetensors" "$scratch/ft1.safetensors" && cmp "$scratch/ft0.safetensors" "$scratch/ft2.safetensors" ||
+      fail "hsdp: the groups ended apart"
+    compare=${GRADSYNC_COMPARE:-$build/tests/compare_checkpoints}
+    "$compare" "$scratch/hsdp.safetensors" "$scratch/ft0.safetensors" 1e-6 > "$scratch/compare.log" 2>&1 ||
+      fail "hsdp: the weights differ from HSDP's by more than 1e-6"
+    "$compare" "$scratch"/hsdp.optimizer-*.safetensors "$scratch"/ft0.optimizer-*.safetensors 1e-6 >> "$scratch/compare.log" 2>&1 ||
+      fail "hsdp: AdamW's state differs from HSDP's by more than 1e-6"
+    echo "   FT-HSDP against HSDP, largest difference: $(grep -o 'max |a - b| = [0-9.e+-]*' "$scratch/compare.log" |
+      awk '{ if ($NF + 0 > m) m = $NF + 0 } END { print m }')"
+    # HSDP inside the groups too: 2 groups of 4 ranks, shard groups of 2 in each (ZeRO 2), group
+    # 1's rank 3 stopping in its reduction at step 15; its replacement recovers by pieces (each
+    # rank from its place) and both groups save the same bytes.
+    port=$(free_port)
+    "$examples/coordinator" --port "$port" --replica-groups 2 --min-replicas 2 --join-timeout-ms 20000 \
+      > "$scratch/coordinator.log" 2>&1 &
+    coordinator=$!
+    pids+=("$coordinator")
+    for g in 0 1; do
+      (for attempt in 0 1; do
+        TORCHELASTIC_RESTART_COUNT=$attempt MASTER_PORT='' "$source/scripts/launch.sh" 4 "$examples/gpt_ddp" "${tiny[@]}" \
+          --zero 2 --shard-group 2 --steps 40 --replica-groups 2 --replica-group $g --coordinator "127.0.0.1:$port" \
+          --save "$scratch/inner$g.safetensors" $( ((g == 1)) && echo --ft-die reduce:1.3@15) >> "$scratch/inner$g.log" 2>&1 && exit 0
+      done; exit 1) &
+      agents[g]=$!
+    done
+    for g in 0 1; do wait "${agents[g]}" || { fail "hsdp: group $g of the HSDP groups failed"; tail "$scratch/inner$g.log"; }; done
+    kill -TERM "$coordinator" 2>/dev/null
+    grep -h "sent at\|recovered" "$scratch"/inner*.log | sed 's/^/   HSDP inside: /'
+    grep -q "recovered" "$scratch/inner1.log" || fail "hsdp: group 1 of the HSDP groups did not recover"
+    cmp "$scratch/inner0.safetensors" "$scratch/inner1.safetensors" || fail "hsdp: the HSDP groups ended apart"
     ;;
   *)
     echo "unknown case $case_name" >&2
