@@ -39,7 +39,8 @@ int main(int argc, char** argv) try {
                 "  --state-file PATH    (keeps the high-water mark, the highest step a quorum reached, across\n"
                 "                       this program's restarts: no quorum ever forms below it)\n"
                 "  --accept-lost-steps  (a quorum may form below the high-water mark: the groups restarted from a\n"
-                "                       checkpoint on purpose; without it they end naming the lost step)\n"
+                "                       checkpoint on purpose, once no group holding it came back within the join\n"
+                "                       timeout; without it they end naming the lost step)\n"
                 "  The groups present GRADSYNC_STORE_TOKEN when it is set; listening beyond loopback (--bind)\n"
                 "  needs it.\n");
     return 0;

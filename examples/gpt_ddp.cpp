@@ -114,11 +114,9 @@ int main(int argc, char** argv) try {
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
-  GRADSYNC_CHECK(!replica_options.enabled() || (powersgd_rank == 0 &&
-                                                !slow_options.enabled() && !uneven && time_budget == 0 &&
-                                                restarts.checkpoint_every == 0 && resume_flag.empty()),
-                 "--replica-groups runs without --powersgd-rank, ",
-                 "--local-sgd / --diloco, --uneven, --time-budget and checkpoints (a replacement recovers from a live group)");
+  GRADSYNC_CHECK(!replica_options.enabled() || (powersgd_rank == 0 && !slow_options.enabled() && !uneven && time_budget == 0),
+                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco, --uneven and --time-budget ",
+                 "(docs/fault_tolerance.md says why)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.
   GRADSYNC_CHECK(!slow_options.enabled() ||
@@ -238,6 +236,7 @@ int main(int argc, char** argv) try {
   // Fault tolerance across replica groups: each step in the coordinator's quorum (replica_groups.h).
   std::unique_ptr<dist::FaultTolerance> ft = replica_options.enabled() ? examples::make_fault_tolerance(
       replica_options, registry, &optimizer, *comm, batch * comm->size(), zero.get()) : nullptr;
+  if (ft && !resume.empty()) examples::resume_across_groups(*ft, progress, resume);
   examples::Metrics metrics(metrics_path, comm->rank() == 0, /*append=*/ft != nullptr);  // a restarted group adds
   if (comm->rank() == 0 && !quiet) {
     std::printf("gpt_ddp: %d rank(s) on %s, %s, %lld parameters (%lld layers, %lld heads, width %lld, block %lld), %zu tokens, "
@@ -368,8 +367,9 @@ int main(int argc, char** argv) try {
     }
     // Restarts: every --checkpoint-every steps a checkpoint into the folder (at stage 3 the model
     // gathered whole for it, then released again); --kill-rank's fault injection after it.
-    progress.global_step = step + 1;
-    if (examples::checkpoint_due(restarts, progress.global_step)) {
+    progress.global_step = step + 1;  // across replica groups one group writes (checkpoint_writer)
+    if (ft) progress.position = ft->position();
+    if (examples::checkpoint_due(restarts, progress.global_step) && (!ft || ft->checkpoint_writer())) {
       if (zero && zero_stage == 3) for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->gather(unit);
       examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_state(), progress);
       if (zero && zero_stage == 3) for (std::size_t unit = 0; unit < zero->unit_count(); ++unit) zero->release(unit);
@@ -427,7 +427,7 @@ int main(int argc, char** argv) try {
   // The weights under nanoGPT's names (PyTorch loads them), AdamW's state, the step; one file,
   // written atomically by rank 0: --save, and the restarts folder's last checkpoint.
   progress.global_step = std::max(progress.global_step, steps);
-  if (!restarts.checkpoint_dir.empty()) {
+  if (!restarts.checkpoint_dir.empty() && (!ft || ft->checkpoint_writer())) {
     examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_state(), progress);
   }
   if (!save.empty()) {

@@ -34,6 +34,7 @@ void save_checkpoint(const std::string& path, const ParameterRegistry& registry,
                                  {"step_in_epoch", std::to_string(progress.step_in_epoch)},
                                  {"global_step", std::to_string(progress.global_step)},
                                  {"global_batch", std::to_string(progress.global_batch)}};
+  if (progress.position >= 0) progress_metadata["position"] = std::to_string(progress.position);
   std::vector<io::NamedTensor> weights;
   for (const Parameter& parameter : registry) weights.push_back({parameter.name(), parameter.value()});
   io::Metadata metadata = optimizer.metadata;
@@ -104,6 +105,7 @@ Progress load_checkpoint(const std::string& path, ParameterRegistry& registry, o
     progress.step_in_epoch = std::stoll(metadata.at("step_in_epoch"));
     progress.global_step = std::stoll(metadata.at("global_step"));
     if (metadata.contains("global_batch")) progress.global_batch = std::stoll(metadata.at("global_batch"));
+    if (metadata.contains("position")) progress.position = std::stoll(metadata.at("position"));
   } catch (const std::exception&) {
     detail::throw_error(path, ": no training progress in its metadata (epoch, step_in_epoch, global_step)");
   }

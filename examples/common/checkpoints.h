@@ -24,6 +24,7 @@ struct Progress {
   std::int64_t step_in_epoch = 0;
   std::int64_t global_step = 0;
   std::int64_t global_batch = 0;  // what the run trains with; a resumed run keeps it
+  std::int64_t position = -1;     // --replica-groups: the samples the committed steps consumed (-1: not such a run)
 };
 // With fp16, the loss scaler's state rides along in the metadata.
 // The optimizer's part of a checkpoint: its state tensors and metadata (an unsharded

@@ -78,6 +78,12 @@ std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOpt
   return std::make_unique<dist::FaultTolerance>(registry, optimizer, group, ft);
 }
 
+void resume_across_groups(dist::FaultTolerance& ft, const Progress& progress, const std::string& path) {
+  GRADSYNC_CHECK(progress.position >= 0, path, " records no data position: --replica-groups resumes only from a ",
+                 "checkpoint a fault-tolerant run wrote");
+  ft.resume(progress.global_step, progress.position);
+}
+
 void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, int rank, std::int64_t step) {
   if (phase != options.die_phase || options.group != options.die_group || rank != options.die_rank ||
       step < options.die_step) {

@@ -54,6 +54,9 @@ std::unique_ptr<dist::FaultTolerance> make_fault_tolerance(const ReplicaGroupOpt
                                                            optim::Optimizer* optimizer, comm::Communicator& group,
                                                            std::int64_t samples_per_group, dist::ZeroOptimizer* zero,
                                                            optim::GradScaler* scaler = nullptr);
+// A group started from a checkpoint (`path`, loaded into `progress`): its step and data position
+// handed to the FaultTolerance (a checkpoint a fault-tolerant run wrote records the position).
+void resume_across_groups(dist::FaultTolerance& ft, const Progress& progress, const std::string& path);
 // --ft-die: stops this rank at `phase` when it is the one named and `step` steps have committed.
 void die_if_asked(const ReplicaGroupOptions& options, const std::string& phase, int rank, std::int64_t step);
 // The cross-group end of a step, where the optimizer would step: the average across the quorum,

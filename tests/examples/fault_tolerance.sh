@@ -23,6 +23,8 @@
 #   hsdp                 FT-HSDP (3 groups x 2 ranks, ZeRO 3 inside, gpt_ddp) against HSDP over 6
 #                        ranks with shard groups of 2: within 1e-6, weights and AdamW's state;
 #                        then HSDP inside 2 groups of 4 ranks, one rank dying, recovered by pieces.
+#   every_group_lost     gpt_ddp's checkpoints across the groups: every group killed at once resumes
+#                        from the last checkpoint, byte-identical to a job resumed from it.
 # The reduction runs with ZeRO 3 inside the groups, the vote with fp16 and --clip-norm, the gather
 # with ZeRO 2 and --clip-norm: the recoveries go by pieces under ZeRO.
 set -uo pipefail
@@ -258,6 +260,49 @@ case $case_name in
     grep -q "recovered" "$scratch/group1.log" || fail "gpt: group 1 did not recover"
     cmp "$scratch/gpt0.safetensors" "$scratch/gpt1.safetensors" && cmp "$scratch/gpt0.safetensors" "$scratch/gpt2.safetensors" &&
       echo "   the three groups saved the same bytes" || fail "gpt: the groups ended apart"
+    ;;
+  every_group_lost)
+    # Checkpoints across the groups: gpt_ddp as 3 groups (bf16, --clip-norm 1), a checkpoint every
+    # 10 steps written by one group (the first of the quorum that committed the step). Every group
+    # kills itself after step 25; restarted, each resumes from the folder's latest (step 20), and
+    # the coordinator (--accept-lost-steps) lets them go on below its high-water mark once no group
+    # holding it came back within its join timeout. The job ends byte-identical to an uninterrupted
+    # job resumed from a copy of that step-20 checkpoint.
+    fixtures=$source/tests/fixtures
+    tiny=(--data "$fixtures/gpt_train.bin" --vocab-size 17 --layers 2 --heads 2 --embd 16 --block 8
+      --init "$fixtures/gpt_init.safetensors" --batch 2 --clip-norm 1.0 --precision bf16 --backend gloo --steps 60
+      --checkpoint-every 10 --replica-groups 3)
+    job() {  # job NAME CHECKPOINT_DIR EXTRA...: a coordinator and 3 groups, each restarted once
+      local name=$1 folder=$2
+      shift 2
+      port=$(free_port)
+      "$examples/coordinator" --port "$port" --replica-groups 3 --min-replicas 3 --join-timeout-ms 2000 \
+        --accept-lost-steps > "$scratch/$name.coordinator.log" 2>&1 &
+      coordinator=$!
+      pids+=("$coordinator")
+      for g in 0 1 2; do
+        (for attempt in 0 1; do
+          if ((attempt == 1 && g == 0)) && [[ $name == lost ]]; then cp -r "$folder" "$scratch/copy.partial" &&
+            mv "$scratch/copy.partial" "$scratch/copy"; fi  # step 20's checkpoint, for the reference
+          TORCHELASTIC_RESTART_COUNT=$attempt MASTER_PORT='' "$source/scripts/launch.sh" 1 "$examples/gpt_ddp" "${tiny[@]}" \
+            --replica-group $g --coordinator "127.0.0.1:$port" --checkpoint-dir "$folder" \
+            --save "$scratch/$name$g.safetensors" "$@" >> "$scratch/$name$g.log" 2>&1 && exit 0
+        done; exit 1) &
+        agents[g]=$!
+      done
+      for g in 0 1 2; do wait "${agents[g]}" || { fail "every_group_lost: $name: group $g failed"; tail "$scratch/$name$g.log"; }; done
+      kill -TERM "$coordinator" 2>/dev/null
+    }
+    job lost "$scratch/checkpoints" --kill-rank 0:25
+    grep -h "kills itself\|resuming from" "$scratch"/lost?.log | sed 's/^/   /'
+    grep "below the high-water mark" "$scratch/lost.coordinator.log" | sed 's/^/   coordinator: /'
+    grep -q "go on from step 20, below the high-water mark 25" "$scratch/lost.coordinator.log" ||
+      fail "every_group_lost: the coordinator did not go on from step 20"
+    job reference "$scratch/copy"
+    for g in 0 1 2; do
+      cmp "$scratch/lost$g.safetensors" "$scratch/reference0.safetensors" || fail "every_group_lost: group $g ended apart"
+    done
+    ((failed == 0)) && echo "   the restarted job ended byte-identical to the uninterrupted one resumed from step 20"
     ;;
   hsdp)
     # FT-HSDP against HSDP: gpt_ddp as 3 groups of 2 ranks, ZeRO 3 inside each, --clip-norm 1,

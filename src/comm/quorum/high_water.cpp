@@ -46,21 +46,14 @@ std::string HighWaterMark::load() {
 // Never backwards: a quorum below the mark would throw committed steps away (its members would
 // train them again while the state that holds them is gone or elsewhere). While a group that held
 // the mark lives (hung in a rendezvous, slow), it is waited for: it comes back as a newcomer that
-// holds the mark. Once none does, the groups asking get join_timeout for one to return; then,
-// unless accept_lost_steps, the mark is lost. With accept_lost_steps the mark goes down to the
-// quorum's step (a restart from a checkpoint, on purpose).
+// holds the mark. Once none does, the groups asking get join_timeout for one to return; then the
+// mark is lost, or with accept_lost_steps (the groups restarted from a checkpoint, on purpose) it
+// goes down to the quorum's step. Even then a holder that lives is waited for first: a group that
+// restarted from a checkpoint while another still held later steps recovers from that one.
 HighWaterMark::Verdict HighWaterMark::check(const std::vector<int>& next, std::int64_t step, Clock::time_point now,
                                             bool holder_alive) {
   Verdict verdict;
-  if (step >= step_ || accept_lost_steps_) {
-    if (step < step_) {
-      verdict.say = "groups " + join_ints(next) + " go on from step " + std::to_string(step) +
-                    ", below the high-water mark " + std::to_string(step_) + " (accept_lost_steps: a restart from a checkpoint)";
-      step_ = step;
-      groups_.clear();
-      holders_.clear();
-      unsaved_ = true;
-    }
+  if (step >= step_) {
     behind_since_ = Clock::time_point{};
     return verdict;
   }
@@ -72,13 +65,24 @@ HighWaterMark::Verdict HighWaterMark::check(const std::vector<int>& next, std::i
   if (behind_since_ == Clock::time_point{} || holder_alive) behind_since_ = now;
   verdict.kind = Verdict::wait;
   if (now - behind_since_ < join_timeout_) return verdict;
+  behind_since_ = Clock::time_point{};
+  if (accept_lost_steps_) {
+    verdict.kind = Verdict::form;
+    verdict.say = "groups " + join_ints(next) + " go on from step " + std::to_string(step) + ", below the high-water mark " +
+                  std::to_string(step_) + ": no group holding it came back within " +
+                  std::to_string(join_timeout_.count()) + " ms (accept_lost_steps: a restart from a checkpoint)";
+    step_ = step;
+    groups_.clear();
+    holders_.clear();
+    unsaved_ = true;
+    return verdict;
+  }
   verdict.kind = Verdict::lost;
   verdict.why = "step " + std::to_string(step_) + " is lost: it is the highest step this job's quorums reached (last held by " +
                 "groups " + join_ints(groups_) + ", all gone), and " + std::to_string(join_timeout_.count()) +
                 " ms later the groups asking (" + join_ints(next) + ") hold at most step " + std::to_string(step) +
                 "; a quorum of them would go back " + std::to_string(step_ - step) +
                 " steps, so none is formed (to go on from a checkpoint on purpose: the coordinator's --accept-lost-steps)";
-  behind_since_ = Clock::time_point{};
   return verdict;
 }
 

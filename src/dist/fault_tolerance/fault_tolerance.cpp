@@ -69,6 +69,15 @@ std::int64_t FaultTolerance::first_sample() const {
   return position_ + static_cast<std::int64_t>(std::max(quorum_.index, 0)) * options_.samples_per_group;
 }
 
+void FaultTolerance::resume(std::int64_t step, std::int64_t position) {
+  GRADSYNC_CHECK(!in_quorum_, "FaultTolerance::resume: group ", group(), " has joined a quorum already (resume before the ",
+                 "first start_step)");
+  GRADSYNC_CHECK(step >= 0 && position >= 0, "FaultTolerance::resume: step ", step, " and position ", position,
+                 " must not be negative");
+  step_ = step;
+  position_ = position;
+}
+
 double FaultTolerance::seconds() const { return seconds_since(made_); }
 
 std::vector<FaultToleranceEvent> FaultTolerance::take_events() {
@@ -381,6 +390,7 @@ bool FaultTolerance::should_commit() {
   }
   broadcast_quorum();
   const bool committed = quorum_.committed;
+  checkpoint_writer_ = committed && ran.index == 0;
   if (committed) {
     ++step_;
     position_ += static_cast<std::int64_t>(ran.members.size()) * options_.samples_per_group;

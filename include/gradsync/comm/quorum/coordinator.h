@@ -75,7 +75,8 @@ struct CoordinatorOptions {
   std::string state_file{};
   // Whether a quorum may form below the high-water mark. Off: when every group that held the
   // highest step is gone, the groups asking end with an error naming the lost step. On: they go
-  // on from the step they hold (a restart from a checkpoint, on purpose).
+  // on from the step they hold (a restart from a checkpoint, on purpose), once no group holding
+  // the mark came back within join_timeout (a holder that lives is still waited for).
   bool accept_lost_steps = false;
   bool quiet = false;              // no line per decision on stderr
 };

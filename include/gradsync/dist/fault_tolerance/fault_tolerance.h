@@ -123,6 +123,16 @@ class FaultTolerance {
   // false, discard the gradients. Collective over the group.
   bool should_commit();
 
+  // Before the first start_step: the state the engine loaded from a checkpoint holds `step`
+  // committed steps and consumed `position` samples. The group joins with that step; when live
+  // groups hold more it recovers from them, and when none does the coordinator forms a quorum
+  // below its high-water mark only with accept_lost_steps, after its join timeout.
+  void resume(std::int64_t step, std::int64_t position);
+  // Whether this group writes what every member holds alike (a checkpoint) for the step that just
+  // committed: the first member of the quorum that committed it, so that exactly one group
+  // writes. False before the first commit and after a discard.
+  bool checkpoint_writer() const { return checkpoint_writer_; }
+
   std::int64_t step() const { return step_; }              // committed steps
   std::int64_t position() const { return position_; }      // samples consumed by committed steps
   // This step's share of the global batch: samples [first_sample(), first_sample() +
@@ -175,6 +185,7 @@ class FaultTolerance {
   std::int64_t step_ = 0;
   std::int64_t position_ = 0;
   int failed_recoveries_ = 0;  // in a row
+  bool checkpoint_writer_ = false;
   std::chrono::steady_clock::time_point made_;
   std::vector<FaultToleranceEvent> events_;
 };
