@@ -8,7 +8,12 @@
 #
 #   benchmarks/fault_tolerance.sh [--out runs/ft] [--kills 10] [--every 40] [--epochs 24]
 #                                 [--checkpoint-every 20] [--delay-ms 20] [--noise-seeds "4 5"]
+#                                 [--inside "--zero 3 --precision fp16 --clip-norm 5"]
 #
+# --inside: more trainer flags for every run (what runs inside the groups: ZeRO, precision,
+# clipping). The report gives each recovery's bytes per source rank (by pieces under ZeRO) and
+# its transfer rate, next to the raw Gloo broadcast of that size between two ranks, measured at
+# the end of the same run (bench_collectives).
 # --noise-seeds: the uninterrupted replica job again with these seeds (another initialization and
 # data order), for the run-to-run noise the killed run's final accuracy is compared with.
 # --stop group|rank|partition: instead of killing, SIGSTOP a random group (all its ranks: a hang,
@@ -35,6 +40,7 @@ delay_ms=20
 noise_seeds=""
 stop=""
 stop_for=3
+inside=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -46,6 +52,7 @@ while [[ $# -gt 0 ]]; do
     --noise-seeds) noise_seeds=$2; shift 2 ;;
     --stop) stop=$2; shift 2 ;;
     --stop-for) stop_for=$2; shift 2 ;;
+    --inside) inside=$2; shift 2 ;;
     *) echo "fault_tolerance.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -78,6 +85,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # Every run: --batch 16 per group of 2 (8 per rank), the global batch 48 either way.
 seed=3
 common=(--backend gloo --epochs "$epochs" --lr 0.1 --delay-rank "0:$delay_ms")
+# shellcheck disable=SC2206  # (--inside: flags, split on purpose)
+[[ -n $inside ]] && common+=($inside)
 
 # The last committed step in these metrics files (0 before the first).
 last_step() { cat "$@" 2>/dev/null | grep -o '"step": [0-9]*, "epoch": [0-9]*, "loss"' | grep -o '[0-9]*' |
@@ -212,4 +221,11 @@ replica_job replicas_killed 1
 restart_job restarts_plain 0
 restart_job restarts_killed 1
 for seed in $noise_seeds; do replica_job "replicas_seed$seed" 0; done
+# The raw transport, in the same run: Gloo's own broadcast between two ranks, up to 1 MiB.
+bench=$build/benchmarks/bench_collectives
+if [[ -x $bench ]]; then
+  MASTER_PORT='' "$root/scripts/launch.sh" 2 "$bench" --backend gloo --max-bytes 1048576 --runs 3 > "$out/raw_collectives.txt" 2>&1 ||
+    echo "fault_tolerance.sh: bench_collectives failed (no raw rate in the report)"
+fi
+echo "${inside:-(none)}" > "$out/inside.txt"
 python3 "$root/benchmarks/fault_tolerance_report.py" "$out"

@@ -77,6 +77,39 @@ def replicas(out, name):
             "accuracy": accuracy, "samples": samples}
 
 
+def recoveries(out, name):
+    """Each recovery's source side: its bytes per rank and seconds ("sent" events), and Gloo's raw
+    broadcast between two ranks at the nearest size (OUT/raw_collectives.txt, bench_collectives)."""
+    run = os.path.join(out, name)
+    sent = []
+    for g in range(3):
+        for r in read_jsonl(os.path.join(run, f"group{g}.jsonl")):
+            found = re.search(r"\((\d+) bytes from this rank.*met in ([0-9.]+) ms, sent in ([0-9.]+) ms",
+                              r.get("detail", "")) if r.get("event") == "sent" else None
+            if found and float(found.group(3)) > 0:
+                sent.append((int(found.group(1)), float(found.group(3)) / 1000, "its pieces" in r["detail"],
+                             float(found.group(2)) / 1000))
+    if not sent:
+        return
+    bytes_each = statistics.median(b for b, _, _, _ in sent)
+    rates = [b / t / 1e6 for b, t, _, _ in sent]
+    pieces = "by pieces (ZeRO: each source rank sends only its own)" if all(p for _, _, p, _ in sent) else "whole"
+    print(f"recoveries: {len(sent)} transfers {pieces}, median {bytes_each:.0f} bytes per source rank; the pair met "
+          f"in a median {statistics.median(m for _, _, _, m in sent) * 1000:.1f} ms, then sent in "
+          f"{statistics.median(t for _, t, _, _ in sent) * 1000:.2f} ms: {statistics.median(rates):.1f} MB/s")
+    raw_path = os.path.join(out, "raw_collectives.txt")
+    if os.path.exists(raw_path):
+        rows = [line.split() for line in open(raw_path, encoding="utf-8") if line.startswith("broadcast")]
+        rows = [(int(r[1]), float(r[5])) for r in rows if len(r) > 5]
+        if rows:
+            size, raw_us = min(rows, key=lambda r: abs(r[0] - bytes_each))
+            print(f"  the raw transport in the same run: Gloo's broadcast of {size} bytes between two ranks, "
+                  f"{raw_us:.0f} us = {size / raw_us:.1f} MB/s (bench_collectives' raw call)")
+    inside_path = os.path.join(out, "inside.txt")
+    if os.path.exists(inside_path):
+        print(f"  inside the groups: {open(inside_path, encoding='utf-8').read().strip()}")
+
+
 def restarts(out, name):
     run = os.path.join(out, name)
     seconds, status = wall(run)
@@ -123,6 +156,7 @@ def main():
         print(f"  the replacement recovered and rejoined after: {spread(killed['rejoin'])} "
               f"({len(killed['rejoin'])} of {killed['kills']})")
         print(f"  {killed['samples']}")
+        recoveries(out, "replicas_killed")
     noise = sorted(name for name in os.listdir(out) if name.startswith("replicas_seed"))
     if noise:
         accuracies = [plain["accuracy"]] + [replicas(out, name)["accuracy"] for name in noise]

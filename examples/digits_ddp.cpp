@@ -115,10 +115,9 @@ int main(int argc, char** argv) try {
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
   GRADSYNC_CHECK(!replica_options.enabled() ||
-                     (powersgd_rank == 0 && !slow_options.enabled() && !options.uneven &&
-                      options.restarts.checkpoint_every == 0 && options.resume.empty() && options.save.empty()),
-                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco, --uneven ",
-                 "and checkpoints: a replacement recovers from a live group instead");
+                     (powersgd_rank == 0 && !slow_options.enabled() && !options.uneven && options.save.empty()),
+                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco, --uneven and --save (the ",
+                 "groups' checkpoints go to --checkpoint-dir, written by one group; docs/fault_tolerance.md)");
   GRADSYNC_CHECK(!slow_options.enabled() || (zero_stage == 0 && powersgd_rank == 0 && !options.uneven &&
                                              !options.check_replicas && options.restarts.checkpoint_every == 0 &&
                                              options.resume.empty()),

@@ -127,6 +127,7 @@ ReplicaGroupRun::ReplicaGroupRun(const ReplicaGroupOptions& options, Training& t
     : options_(options), training_(training), trainer_(trainer) {
   ft_ = make_fault_tolerance(options, training.registry, training.optimizer.get(), *training.comm,
                              training.local_batch * training.comm->size(), zero, training.scaler.get());
+  if (!training.resumed_from.empty()) resume_across_groups(*ft_, training.progress, training.resumed_from);
 }
 
 bool ReplicaGroupRun::commit() {
@@ -186,6 +187,10 @@ int ReplicaGroupRun::run(const std::string& name,
     loss_sum += loss;
     ++loss_steps;
     t.progress.global_step = ft_->step();
+    t.progress.position = ft_->position();
+    // --checkpoint-every: one group writes, the first of the quorum that committed the step.
+    if (checkpoint_due(trainer_.restarts, ft_->step()) && ft_->checkpoint_writer()) t.checkpoint(trainer_.restarts);
+    kill_if_asked(trainer_.restarts, rank, ft_->step(), name);  // --kill-rank (fault injection)
     metrics.step(ft_->step(), static_cast<int>(position / n) + 1, loss, t.last_grad_norm,
                  {{"members", static_cast<double>(members)},
                   {"seconds", std::chrono::duration<double>(now - start).count()},
@@ -208,6 +213,7 @@ int ReplicaGroupRun::run(const std::string& name,
     }
   }
   if (record != nullptr) std::fclose(record);
+  if (!trainer_.restarts.checkpoint_dir.empty() && ft_->checkpoint_writer()) t.checkpoint(trainer_.restarts);
   nn::Module& evaluated = t.evaluation_model != nullptr ? *t.evaluation_model : *t.model;
   const double accuracy = evaluate(evaluated, t.data, t.split.heldout, t.device);
   metrics.epoch(ft_->step(), trainer_.epochs, loss_steps > 0 ? loss_sum / static_cast<double>(loss_steps) : 0.0, accuracy);

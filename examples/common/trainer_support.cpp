@@ -227,14 +227,12 @@ OptimizerCheckpoint optimizer_checkpoint_of(Training& t) {
   return OptimizerCheckpoint{t.optimizer->state_tensors(), t.optimizer->state_metadata()};
 }
 
-// A checkpoint into the restarts folder: every rank takes part (ZeRO gathers the optimizer state
-// and, at stage 3, the model), then checkpoints.h writes it.
-void checkpoint_into_folder(Training& t, const RestartOptions& restarts) {
-  if (t.gather_model) t.gather_model();
-  examples::checkpoint_into_folder(restarts, *t.comm, t.registry, optimizer_checkpoint_of(t), t.progress, t.scaler.get());
-}
-
 }  // namespace
+
+void Training::checkpoint(const RestartOptions& restarts) {
+  if (gather_model) gather_model();
+  examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_checkpoint_of(*this), progress, scaler.get());
+}
 
 std::int64_t steps_this_epoch(const TrainerOptions& options, std::int64_t steps_per_epoch, int rank, int world) {
   if (!options.uneven) return steps_per_epoch;
@@ -281,7 +279,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
           std::printf("step %lld: %s\n", static_cast<long long>(t.progress.global_step), report.line().c_str());
         }
       }
-      if (checkpoint_due(options.restarts, t.progress.global_step)) checkpoint_into_folder(t, options.restarts);
+      if (checkpoint_due(options.restarts, t.progress.global_step)) t.checkpoint(options.restarts);
       kill_if_asked(options.restarts, rank, t.progress.global_step, name);
       if (options.max_steps >= 0 && t.progress.global_step >= options.max_steps) {
         stopped = true;
@@ -319,7 +317,7 @@ int run_training(Training& t, const TrainerOptions& options, const std::string& 
   }
   if (t.gather_model && (options.check_replicas || !options.save.empty())) t.gather_model();
   if (options.check_replicas) require_identical_replicas(comm, t.registry);
-  if (!options.restarts.checkpoint_dir.empty()) checkpoint_into_folder(t, options.restarts);
+  if (!options.restarts.checkpoint_dir.empty()) t.checkpoint(options.restarts);
   if (!options.save.empty()) {
     // Every rank takes part (ZeRO gathers the pieces of the optimizer state); rank 0 writes.
     const OptimizerCheckpoint optimizer_state = optimizer_checkpoint_of(t);

@@ -103,6 +103,9 @@ struct Training {
   // `commit` (fault tolerance): first, the cross-group average and the coordinator's decision;
   // false leaves everything as it was (no unscale, no clip, no step, the scaler unchanged), and
   // true runs the rest on the average, which every group holds alike.
+  // A checkpoint into the restarts folder: every rank takes part (ZeRO gathers the optimizer
+  // state and, at stage 3, the model), then checkpoints.h writes it (rank 0).
+  void checkpoint(const RestartOptions& restarts);
   void finish_step(const TrainerOptions& options, const std::function<double(double)>& clip,
                    const std::function<void()>& step, const std::function<bool()>& commit = {});
 };

@@ -232,10 +232,15 @@ void FaultTolerance::recover() {
         comm::OperationLabel label("recovery of group " + std::to_string(healer) + " at step " + std::to_string(step_));
         recovery_moment("named", healer);
         auto pair = client_->connect(quorum_.id, "recover-" + std::to_string(healer), place, 0, 2);
+        const auto met = Clock::now();
         send_state(*pair, state, healer);
+        char timing[96];  // the pair's meeting apart from the sends: the rate is the sends'
+        std::snprintf(timing, sizeof timing, "; met in %.1f ms, sent in %.2f ms)",
+                      std::chrono::duration<double, std::milli>(met - started).count(),
+                      std::chrono::duration<double, std::milli>(Clock::now() - met).count());
         event("sent", seconds_since(started),
               "state to group " + std::to_string(healer) + " (" + std::to_string(state.bytes) + " bytes from this rank" +
-                  (options_.zero != nullptr ? ": its pieces)" : ")"));
+                  (options_.zero != nullptr ? ", its pieces" : "") + timing);
       } catch (const std::exception& error) {
         step_ok_ = false;
         event("failed", seconds_since(started), "sending the state to group " + std::to_string(healer) + ": " + error.what());
