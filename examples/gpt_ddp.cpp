@@ -114,8 +114,8 @@ int main(int argc, char** argv) try {
   const double time_budget = flags.number("--time-budget", 0.0);
   const examples::ReplicaGroupOptions replica_options = examples::parse_replica_group_options(flags);
   flags.finish();
-  GRADSYNC_CHECK(!replica_options.enabled() || (powersgd_rank == 0 && !slow_options.enabled() && !uneven && time_budget == 0),
-                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco, --uneven and --time-budget ",
+  GRADSYNC_CHECK(!replica_options.enabled() || (powersgd_rank == 0 && !slow_options.enabled() && !uneven),
+                 "--replica-groups runs without --powersgd-rank, --local-sgd / --diloco and --uneven ",
                  "(docs/fault_tolerance.md says why)");
   // Slow links compose with ZeRO 1 and 2 inside --inner-group groups (whole values on every rank);
   // not with ZeRO 3 (sharded values), nor across ranks that are replicas of their own.
@@ -275,7 +275,7 @@ int main(int argc, char** argv) try {
     return examples::OptimizerCheckpoint{std::move(consolidated.tensors), std::move(consolidated.metadata)};
   };
   const std::int64_t first_step = progress.global_step;
-  for (std::int64_t step = first_step; ft ? ft->step() < steps : step < my_steps; ++step) {
+  for (std::int64_t step = first_step; ft ? ft->step() < steps && !ft->stopping() : step < my_steps; ++step) {
     if (ft) {
       ft->start_step();  // the quorum (a replacement recovers here); the step is the committed count
       step = ft->step();
@@ -363,10 +363,10 @@ int main(int argc, char** argv) try {
         std::printf("step %5lld  validation loss %.4f  at %.1f s\n", static_cast<long long>(step + 1), agreed[0],
                     since(start));
       }
-      if (agreed[1] > 0) break;
+      if (agreed[1] > 0 && !ft) { progress.global_step = step + 1; break; }
+      if (agreed[1] > 0 && ft) ft->request_stop();  // across the groups: a stop the quorum decides
     }
-    // Restarts: every --checkpoint-every steps a checkpoint into the folder (at stage 3 the model
-    // gathered whole for it, then released again); --kill-rank's fault injection after it.
+    // --checkpoint-every (at stage 3 the model gathered for it, then released); --kill-rank after it.
     progress.global_step = step + 1;  // across replica groups one group writes (checkpoint_writer)
     if (ft) progress.position = ft->position();
     if (examples::checkpoint_due(restarts, progress.global_step) && (!ft || ft->checkpoint_writer())) {
@@ -426,7 +426,7 @@ int main(int argc, char** argv) try {
   }
   // The weights under nanoGPT's names (PyTorch loads them), AdamW's state, the step; one file,
   // written atomically by rank 0: --save, and the restarts folder's last checkpoint.
-  progress.global_step = std::max(progress.global_step, steps);
+  if (uneven) progress.global_step = std::max(progress.global_step, steps);  // (a joined rank shadowed the rest)
   if (!restarts.checkpoint_dir.empty() && (!ft || ft->checkpoint_writer())) {
     examples::checkpoint_into_folder(restarts, *comm, registry, optimizer_state(), progress);
   }

@@ -497,6 +497,23 @@ TEST(FaultTolerance, AnOverflowInOneGroupSkipsTheStepInEveryGroupAndTheScaleTrav
   EXPECT_GE(coordinator.counters().recoveries, 1);
 }
 
+// A stop asked by one group (its time budget spent, on its own clock) ends every group at the same
+// step: the request rides on its vote, and the decision that commits that step says stop to all.
+TEST(FaultTolerance, AStopAskedByOneGroupEndsEveryGroupAtTheSameStep) {
+  comm::Coordinator coordinator(coordinator_options(3));
+  std::vector<std::int64_t> stopped_at(3);
+  run_groups(3, [&](int g) {
+    Group group(g, coordinator.port(), 1.0f);
+    while (!group.ft->stopping()) {
+      if (g == 1 && group.ft->step() == 5) group.ft->request_stop();
+      group.step(1.0f);
+      ASSERT_LT(group.ft->step(), 50) << "group " << g << " never stopped";
+    }
+    stopped_at[static_cast<std::size_t>(g)] = group.ft->step();
+  });
+  EXPECT_EQ(stopped_at, (std::vector<std::int64_t>{6, 6, 6}));
+}
+
 // A newcomer started with another batch is refused alone: the two groups training go on without
 // a discarded step, and the newcomer's error names both settings.
 TEST(FaultTolerance, ANewcomerThatDisagreesIsRefusedAlone) {

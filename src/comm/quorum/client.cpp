@@ -30,7 +30,7 @@ std::string Quorum::to_line() const {
   if (!error.empty()) return "error=" + encode_text(error);
   return "id=" + std::to_string(id) + " members=" + join_ints(members) + " step=" + std::to_string(step) +
          " commit=" + (committed ? "1" : "0") + " from=" + std::to_string(recover_from) +
-         " recovering=" + join_ints(recovering);
+         " recovering=" + join_ints(recovering) + (stop ? " stop=1" : "");
 }
 
 Quorum Quorum::from_line(const std::string& line, int group) {
@@ -46,6 +46,7 @@ Quorum Quorum::from_line(const std::string& line, int group) {
   quorum.step = field_int(fields, "step", 0);
   quorum.recover_from = static_cast<int>(field_int(fields, "from", -1));
   quorum.recovering = split_ints(fields.count("recovering") ? fields.at("recovering") : "");
+  quorum.stop = field_int(fields, "stop", 0) == 1;
   const auto self = std::find(quorum.members.begin(), quorum.members.end(), group);
   quorum.index = self == quorum.members.end() ? -1 : static_cast<int>(self - quorum.members.begin());
   return quorum;
@@ -221,9 +222,10 @@ QuorumClient::~QuorumClient() {
 
 Quorum QuorumClient::join(std::int64_t step) { return state_->request("join", "step=" + std::to_string(step)); }
 
-Quorum QuorumClient::vote(const Quorum& quorum, std::int64_t step, bool ok) {
+Quorum QuorumClient::vote(const Quorum& quorum, std::int64_t step, bool ok, bool stop) {
   return state_->request("vote", "quorum=" + std::to_string(quorum.id) + " size=" + std::to_string(quorum.members.size()) +
-                                     " ok=" + (ok ? "1" : "0") + " step=" + std::to_string(step));
+                                     " ok=" + (ok ? "1" : "0") + " step=" + std::to_string(step) +
+                                     (stop ? " stop=1" : ""));
 }
 
 void QuorumClient::leave(const std::string& why) noexcept {

@@ -40,6 +40,7 @@ struct Coordinator::State {
     int group_size = 0;
     std::string agreement;  // QuorumClientOptions::agreement
     bool answered = true;
+    bool stop = false;      // (a vote) this group asks the job to stop after the step
   };
 
   CoordinatorOptions options;
@@ -102,7 +103,8 @@ struct Coordinator::State {
               field_int(fields, "step", 0),
               static_cast<int>(field_int(fields, "places", 0)),
               fields.count("agree") ? decode_text(fields.at("agree")) : "",
-              false};
+              false,
+              field_int(fields, "stop", 0) == 1};
     // A request is proof of its leader's life too.
     liveness->beat(group, 0, incarnation->second, Clock::now());
     changed.notify_all();
@@ -339,7 +341,13 @@ struct Coordinator::State {
       ++id;
       ++counters.quorum_changes;
     }
-    const std::string common = "id=" + std::to_string(id) + " members=" + join_ints(next) + " step=" + std::to_string(step);
+    // A stop asked by any voter ends the job after this step, for every group alike (a decision
+    // the quorum shares, as a commit is); asked on a discarded step, it waits for the next commit.
+    bool stop = false;
+    for (const int voter : voters) stop = stop || (commit && requests[voter].stop);
+    if (stop) say("quorum " + std::to_string(id) + ": a member asked to stop; the job stops at step " + std::to_string(step));
+    const std::string common = "id=" + std::to_string(id) + " members=" + join_ints(next) + " step=" + std::to_string(step) +
+                               (stop ? " stop=1" : "");
     for (const int group : next) {
       const bool voted = std::find(voters.begin(), voters.end(), group) != voters.end();
       std::vector<int> recovering;

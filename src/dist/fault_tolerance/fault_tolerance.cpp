@@ -387,7 +387,7 @@ bool FaultTolerance::should_commit() {
   const comm::Quorum ran = quorum_;
   if (group_.rank() == 0) {
     try {
-      quorum_ = client_->vote(ran, step_, step_ok_);
+      quorum_ = client_->vote(ran, step_, step_ok_, stop_requested_);
     } catch (const std::exception& error) {
       quorum_ = comm::Quorum{};
       quorum_.error = error.what();
@@ -396,6 +396,7 @@ bool FaultTolerance::should_commit() {
   broadcast_quorum();
   const bool committed = quorum_.committed;
   checkpoint_writer_ = committed && ran.index == 0;
+  stopping_ = stopping_ || (committed && quorum_.stop);
   if (committed) {
     ++step_;
     position_ += static_cast<std::int64_t>(ran.members.size()) * options_.samples_per_group;

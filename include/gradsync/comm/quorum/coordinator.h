@@ -129,6 +129,7 @@ struct Quorum {
   std::int64_t step = 0;          // the committed steps of the quorum's state
   int recover_from = -1;          // the group this one must copy its state from; -1: none
   std::vector<int> recovering;    // the members recovering from this group (it is their source)
+  bool stop = false;              // (with a commit) a member asked to stop: the job ends after this step
   std::string error;              // the quorum cannot form: why (every group ends with it)
   std::string describe() const;   // "quorum 4: groups 0,2, step 17"
   // As one line of text, and back: how a group's leader hands the answer to its other ranks.
@@ -177,8 +178,9 @@ class QuorumClient {
   Quorum join(std::int64_t step);
   // Leader only. This group's vote on the step it ran in `quorum` (at `step` committed steps):
   // `ok` when its cross-group reduction succeeded. The answer says whether the step commits, and
-  // the quorum of the next step.
-  Quorum vote(const Quorum& quorum, std::int64_t step, bool ok);
+  // the quorum of the next step. `stop`: this group asks the job to stop after this step (a time
+  // budget spent); the coordinator says stop to every group with the commit.
+  Quorum vote(const Quorum& quorum, std::int64_t step, bool ok, bool stop = false);
   // Leader only. Says this group is leaving (finished, or failed inside): the quorum stops
   // waiting for it at once. Never throws.
   void leave(const std::string& why) noexcept;

@@ -132,6 +132,11 @@ class FaultTolerance {
   // committed: the first member of the quorum that committed it, so that exactly one group
   // writes. False before the first commit and after a discard.
   bool checkpoint_writer() const { return checkpoint_writer_; }
+  // A stop every group takes at the same step (a time budget spent on one group's clock): this
+  // group asks with its next votes; the first step that commits with the request ends the job
+  // for every member, stopping() then true on all of them. Any rank may call it (the leader votes).
+  void request_stop() { stop_requested_ = true; }
+  bool stopping() const { return stopping_; }  // (above)
 
   std::int64_t step() const { return step_; }              // committed steps
   std::int64_t position() const { return position_; }      // samples consumed by committed steps
@@ -186,6 +191,8 @@ class FaultTolerance {
   std::int64_t position_ = 0;
   int failed_recoveries_ = 0;  // in a row
   bool checkpoint_writer_ = false;
+  bool stop_requested_ = false;
+  bool stopping_ = false;
   std::chrono::steady_clock::time_point made_;
   std::vector<FaultToleranceEvent> events_;
 };
