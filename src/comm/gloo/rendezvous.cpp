@@ -49,6 +49,14 @@ std::shared_ptr<gloo::transport::Device> loopback_device() {
   return gloo::transport::tcp::CreateDevice(attributes);
 }
 
+// The rank a key of Gloo's rendezvous belongs to: its full mesh publishes each rank's addresses
+// under "3", its pairs' exchange under "rank_3". -1 for any other key.
+int rank_of_key(const std::string& key) {
+  const std::string number = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
+  if (number.empty() || number.size() > 9 || number.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(number);
+}
+
 // A store that reports while it waits: every GRADSYNC_RENDEZVOUS_REPORT_MS (10 s) a rank
 // says on stderr which ranks it is still waiting for and where, instead of waiting silently
 // until the rendezvous timeout; the timeout's error names them too. The timeout is one deadline
@@ -130,8 +138,7 @@ class ReportingStore final : public gloo::rendezvous::Store {
     for (const auto& [key, value] : published_) {
       const std::string_view blob(value.data(), value.size());
       if (blob.find(network) == std::string_view::npos && blob.find(swapped) == std::string_view::npos) continue;
-      const std::string number = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
-      if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos) return std::stoi(number);
+      if (const int rank = rank_of_key(key); rank >= 0) return rank;
     }
     return -1;
   }
@@ -155,10 +162,9 @@ class ReportingStore final : public gloo::rendezvous::Store {
   // when the store cannot be asked any more.
   static std::string awaited(const std::vector<std::string>& keys) {
     std::string text;
-    for (std::string key : keys) {
-      if (key.rfind("rank_", 0) == 0) key = key.substr(5);
-      const bool rank = !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
-      text += (text.empty() ? "" : ", ") + (rank ? "rank " + key : "key '" + key + "'");
+    for (const std::string& key : keys) {
+      const int rank = rank_of_key(key);
+      text += (text.empty() ? "" : ", ") + (rank >= 0 ? "rank " + std::to_string(rank) : "key '" + key + "'");
     }
     return text + " (not arrived yet)";
   }
@@ -179,9 +185,8 @@ class ReportingStore final : public gloo::rendezvous::Store {
       if (present(key)) continue;
       if (!text.empty()) text += ", ";
       // Gloo's per-rank keys ("rank_1") are a rank's: say so.
-      const bool of_rank = key.rfind("rank_", 0) == 0 && key.size() > 5 &&
-                           key.find_first_not_of("0123456789", 5) == std::string::npos;
-      text += of_rank ? "rank " + key.substr(5) + " (its key '" + key + "' not published yet)" : "key '" + key + "'";
+      const int rank = key.rfind("rank_", 0) == 0 ? rank_of_key(key) : -1;
+      text += rank >= 0 ? "rank " + std::to_string(rank) + " (its key '" + key + "' not published yet)" : "key '" + key + "'";
     }
     return text;
   }
