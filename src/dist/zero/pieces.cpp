@@ -139,7 +139,7 @@ ZeroOptimizer::State own_pieces(const optim::Optimizer& optimizer, const ShardLa
     if (layout.ranges[a].empty()) continue;
     for (std::size_t b = 0; b < buffers; ++b) {
       const Tensor mine = optimizer.shard_state(a, b);
-      if (mine.defined() && mine.numel() > 0) pieces.tensors.push_back({zero_set::shard_key(a, b), mine.clone()});
+      if (mine.defined() && mine.numel() > 0) pieces.tensors.push_back({zero_set::shard_key(a, b), mine});
     }
     pieces.tensors.push_back({zero_set::values_key(a), owned_values(optimizer, layout, a)});
   }

@@ -54,7 +54,8 @@ std::string presence_of(const optim::Optimizer& optimizer);
 // This rank's pieces for a peer at the same place of another replica: the packed state of its
 // ranges, its pieces of the values (every stage), the frozen parameters whole ("zero.frozen.
 // <name>": never sharded), and the metadata that says what they are.
-// About 1/S of the group's state for S ranks.
+// About 1/S of the group's state for S ranks. The state buffers are the live ones, not copies
+// (a recovery reads them before the next step; a copy would double the rank's state for it).
 ZeroOptimizer::State own_pieces(const optim::Optimizer& optimizer, const ShardLayout& layout);
 // Checks `pieces` (from own_pieces on a peer) against this rank's layout (the same stage and
 // ranges, every tensor of its size and dtype, nothing else, the optimizer's check_state) and

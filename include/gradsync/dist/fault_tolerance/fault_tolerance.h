@@ -32,8 +32,8 @@
 //  * a group behind the quorum (a replacement started by its launcher, or one that missed a
 //    commit) receives the values, the optimizer state, the step and the data position from a
 //    member that is up to date, rank by rank (place p from place p; under ZeRO only place p's
-//    pieces), checksummed (XXH64) and verified before it is adopted; a transfer that fails leaves the sender as it was and the
-//    receiver behind, to try again at the next quorum.
+//    pieces), checksummed (XXH64) and verified before it is adopted; a transfer that fails
+//    leaves the sender as it was and the receiver behind, to try again at the next quorum.
 // What it does not: make a run with failures bit for bit equal to one without (the steps after a
 // failure average fewer groups, over smaller global batches); survive a failure inside a group
 // (that group's ranks end, and its launcher restarts them as a newcomer); carry state it does not

@@ -161,7 +161,7 @@ class ZeroOptimizer : public Joinable {
   // rank at place p of a live replica sends its own pieces to the rank at place p of a newcomer
   // with the same layout: the packed optimizer state of its ranges and its pieces of the values,
   // about 1/S of the state of S ranks, never the consolidated state. own_pieces() is this rank's
-  // (not collective). adopt_pieces() checks a peer's against this rank's layout (the same stage
+  // (not collective): its state buffers are the live ones, unchanged until the next step. adopt_pieces() checks a peer's against this rank's layout (the same stage
   // and ranges, every tensor of its size and dtype, the optimizer's check_state) on every rank
   // first, so that a bad piece anywhere is an error everywhere and changes nothing; then loads
   // the state and the values, and below stage 3 gathers every bucket's values inside the group
